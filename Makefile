@@ -1,0 +1,40 @@
+# tally: see README.md. `make help` lists the targets.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+CARGO ?= cargo
+# Tests create a fresh database per test on this server.
+export TALLY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+
+.PHONY: help run test lint fmt migrate broker schema db bench
+
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+db: ## Make sure the local PostgreSQL is running
+	@scripts/ensure-postgres.sh
+
+run: db ## Run the daemon on the embedded defaults (local PostgreSQL, in-process Kafka)
+	$(CARGO) run -p tally-engine --bin tally -- run
+
+test: db ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
+	$(CARGO) test --workspace --all-targets --no-fail-fast
+
+lint: ## fmt check, clippy -D warnings on all targets, docs
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
+
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+migrate: db ## Create the database if missing and apply pending migrations
+	$(CARGO) run -p tally-engine --bin tally -- migrate
+
+broker: ## Run a standalone in-memory Kafka broker on 127.0.0.1:19092
+	$(CARGO) run -p tally-engine --bin tally -- broker --listen 127.0.0.1:19092
+
+schema: db ## Regenerate schema/src/schema.rs from the migrations (needs diesel_cli)
+	@command -v diesel >/dev/null || $(CARGO) install diesel_cli --version '~2.2' --no-default-features --features postgres --locked
+	psql -h 127.0.0.1 -U postgres -qc 'DROP DATABASE IF EXISTS tally_schema' -c 'CREATE DATABASE tally_schema'
+	DATABASE_URL=postgres://postgres@127.0.0.1:5432/tally_schema diesel migration run
+	DATABASE_URL=postgres://postgres@127.0.0.1:5432/tally_schema diesel print-schema > schema/src/schema.rs

@@ -1,0 +1,119 @@
+//! Prometheus metrics: one non-global registry, names `tally_<thing>_<unit>`, help text on
+//! every family.
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+/// Every metric family of the daemon, registered in [`Metrics::registry`].
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Process metrics (`process_cpu_seconds_total`, ...), unprefixed by convention.
+    process: Registry,
+    pub outbox_pending: IntGauge,
+    pub outbox_oldest_pending_age_seconds: Gauge,
+    pub outbox_pending_by_topic: GaugeVec,
+    pub outbox_published_total: IntCounter,
+    pub outbox_publish_failures_total: IntCounter,
+    pub outbox_batch_seconds: Histogram,
+    pub outbox_commit_to_ack_seconds: Histogram,
+    pub outbox_deleted_total: IntCounter,
+    pub http_requests_total: IntCounterVec,
+    pub http_request_seconds: HistogramVec,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+const LATENCY_BUCKETS: &[f64] =
+    &[0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+impl Metrics {
+    /// Creates every family and registers it, with process metrics where supported.
+    ///
+    /// # Errors
+    /// When a family cannot be registered (a duplicate name: a programming error).
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new_custom(Some("tally".into()), None)?;
+        let m = Self {
+            outbox_pending: IntGauge::new("outbox_pending", "Outbox rows not yet published.")?,
+            outbox_oldest_pending_age_seconds: Gauge::new(
+                "outbox_oldest_pending_age_seconds",
+                "Age of the oldest unpublished outbox row, in seconds (0 when none).",
+            )?,
+            outbox_pending_by_topic: GaugeVec::new(
+                Opts::new("outbox_pending_by_topic", "Outbox rows not yet published, per topic."),
+                &["topic"],
+            )?,
+            outbox_published_total: IntCounter::new(
+                "outbox_published_total",
+                "Outbox rows published to Kafka and marked published.",
+            )?,
+            outbox_publish_failures_total: IntCounter::new(
+                "outbox_publish_failures_total",
+                "Outbox batches that failed and were rolled back for a later retry.",
+            )?,
+            outbox_batch_seconds: Histogram::with_opts(
+                HistogramOpts::new("outbox_batch_seconds", "Time to claim, publish and mark one outbox batch.")
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+            )?,
+            outbox_commit_to_ack_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "outbox_commit_to_ack_seconds",
+                    "Time from an outbox row's creation to the broker's acknowledgement of its record.",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )?,
+            outbox_deleted_total: IntCounter::new(
+                "outbox_deleted_total",
+                "Published outbox rows deleted after the retention period.",
+            )?,
+            http_requests_total: IntCounterVec::new(
+                Opts::new("http_requests_total", "HTTP requests served, by route and status."),
+                &["route", "status"],
+            )?,
+            http_request_seconds: HistogramVec::new(
+                HistogramOpts::new("http_request_seconds", "HTTP request latency, by route.")
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                &["route"],
+            )?,
+            registry,
+            process: Registry::new(),
+        };
+        m.registry.register(Box::new(m.outbox_pending.clone()))?;
+        m.registry.register(Box::new(m.outbox_oldest_pending_age_seconds.clone()))?;
+        m.registry.register(Box::new(m.outbox_pending_by_topic.clone()))?;
+        m.registry.register(Box::new(m.outbox_published_total.clone()))?;
+        m.registry.register(Box::new(m.outbox_publish_failures_total.clone()))?;
+        m.registry.register(Box::new(m.outbox_batch_seconds.clone()))?;
+        m.registry.register(Box::new(m.outbox_commit_to_ack_seconds.clone()))?;
+        m.registry.register(Box::new(m.outbox_deleted_total.clone()))?;
+        m.registry.register(Box::new(m.http_requests_total.clone()))?;
+        m.registry.register(Box::new(m.http_request_seconds.clone()))?;
+        #[cfg(target_os = "linux")]
+        m.process.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+        Ok(m)
+    }
+
+    #[must_use]
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The Prometheus text exposition of every family, process metrics included.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut families = self.registry.gather();
+        families.extend(self.process.gather());
+        let mut out = Vec::new();
+        if TextEncoder::new().encode(&families, &mut out).is_err() {
+            return String::new();
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}

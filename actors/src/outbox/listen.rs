@@ -1,0 +1,68 @@
+//! PostgreSQL LISTEN on `tally_outbox`: the trigger on `outbox_events` notifies at commit,
+//! and every notification wakes the publisher. A lost connection is re-opened with backoff;
+//! the publisher's poll interval covers the gap.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{stream, StreamExt};
+use tokio::sync::{watch, Notify};
+use tokio_postgres::AsyncMessage;
+use tracing::{debug, warn};
+
+/// The notification channel written by the `outbox_events_notify` trigger.
+pub const CHANNEL: &str = "tally_outbox";
+
+/// Listens for outbox commits and notifies `wake` until `stop` turns true.
+#[must_use]
+pub fn spawn_listener(url: String, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(200);
+        while !*stop.borrow() {
+            match listen_once(&url, &wake, &mut stop).await {
+                Ok(()) => return,
+                Err(e) => {
+                    warn!(error = %e, "Outbox LISTEN connection lost; polling until it is back.");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => {}
+                        _ = stop.changed() => return,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    })
+}
+
+async fn listen_once(url: &str, wake: &Notify, stop: &mut watch::Receiver<bool>) -> Result<(), tokio_postgres::Error> {
+    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
+    let sql = format!("LISTEN {CHANNEL}");
+    let listen = client.batch_execute(&sql);
+    tokio::pin!(listen);
+    // Drive the connection while the LISTEN command runs.
+    loop {
+        tokio::select! {
+            done = &mut listen => { done?; break; }
+            msg = messages.next() => match msg {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Ok(()),
+            },
+        }
+    }
+    debug!(channel = CHANNEL, "Listening for outbox commits.");
+    // A commit may have happened before LISTEN took effect.
+    wake.notify_one();
+    loop {
+        tokio::select! {
+            msg = messages.next() => match msg {
+                Some(Ok(AsyncMessage::Notification(_))) => wake.notify_one(),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Ok(()),
+            },
+            _ = stop.changed() => return Ok(()),
+        }
+    }
+}

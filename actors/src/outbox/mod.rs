@@ -1,0 +1,155 @@
+//! The `OutboxPublisher` actor: a mailbox shell around [`OutboxRelay`]. It publishes
+//! batches while rows are pending, then sleeps until PostgreSQL notifies a commit
+//! (LISTEN/NOTIFY) or the poll interval passes; on failure it backs off exponentially and
+//! marks nothing. It also deletes published rows after the retention period.
+
+mod listen;
+mod relay;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tokio::sync::{watch, Notify};
+use tracing::{info, warn};
+
+pub use listen::spawn_listener;
+pub use relay::{pending_by_topic, refresh_gauges, OutboxError, OutboxRelay, PendingStats, SHARDS};
+
+/// How the publisher loop paces itself.
+#[derive(Debug, Clone)]
+pub struct PublisherSettings {
+    pub poll_interval: Duration,
+    pub retention: Duration,
+    pub cleanup_interval: Duration,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+/// Publishes the transactional outbox to Kafka.
+pub struct OutboxPublisher {
+    relay: Arc<OutboxRelay>,
+    settings: PublisherSettings,
+    wake: Arc<Notify>,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl OutboxPublisher {
+    /// `wake` is notified on every committed outbox insert (see [`spawn_listener`]).
+    #[must_use]
+    pub fn new(relay: OutboxRelay, settings: PublisherSettings, wake: Arc<Notify>) -> Self {
+        let (stop, _) = watch::channel(false);
+        Self { relay: Arc::new(relay), settings, wake, stop, task: None }
+    }
+}
+
+impl Actor for OutboxPublisher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(16);
+        let relay = Arc::clone(&self.relay);
+        let settings = self.settings.clone();
+        let wake = Arc::clone(&self.wake);
+        let stop = self.stop.subscribe();
+        self.task = Some(actix::spawn(publish_loop(relay, settings, wake, stop)));
+        info!("Outbox publisher started.");
+    }
+}
+
+/// Wakes the publisher now (e.g. after a notification).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Wake;
+
+impl Handler<Wake> for OutboxPublisher {
+    type Result = ();
+
+    fn handle(&mut self, _: Wake, _: &mut Self::Context) {
+        self.wake.notify_one();
+    }
+}
+
+/// Stops claiming new batches, lets the batch in hand finish (so acknowledged rows are
+/// marked), flushes the producer, and stops the actor.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopPublishing;
+
+impl Handler<StopPublishing> for OutboxPublisher {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, _: StopPublishing, _: &mut Self::Context) -> Self::Result {
+        let _ = self.stop.send(true);
+        let task = self.task.take();
+        let relay = Arc::clone(&self.relay);
+        Box::pin(
+            async move {
+                if let Some(task) = task {
+                    let _ = task.await;
+                }
+                let producer = relay.producer().clone();
+                let flushed = tokio::task::spawn_blocking(move || {
+                    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(10))
+                })
+                .await;
+                match flushed {
+                    Ok(Ok(())) => info!("Outbox producer flushed."),
+                    Ok(Err(e)) => warn!(error = %e, "Outbox producer flush incomplete."),
+                    Err(e) => warn!(error = %e, "Outbox producer flush task failed."),
+                }
+            }
+            .into_actor(self)
+            .map(|(), _, ctx| {
+                ctx.stop();
+                info!("Outbox publisher stopped.");
+            }),
+        )
+    }
+}
+
+async fn publish_loop(
+    relay: Arc<OutboxRelay>,
+    settings: PublisherSettings,
+    wake: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = settings.backoff_initial;
+    let mut last_cleanup = Instant::now();
+    while !*stop.borrow() {
+        let pause = match relay.publish_batch().await {
+            Ok(n) => {
+                backoff = settings.backoff_initial;
+                if n > 0 {
+                    // More rows may be pending: claim again at once.
+                    None
+                } else {
+                    Some(settings.poll_interval)
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, code = e.code(), backoff_ms = backoff.as_millis() as u64,
+                      "Outbox batch failed; nothing was marked published, retrying after backoff.");
+                let wait = backoff;
+                backoff = (backoff * 2).min(settings.backoff_max);
+                Some(wait)
+            }
+        };
+        if last_cleanup.elapsed() >= settings.cleanup_interval {
+            last_cleanup = Instant::now();
+            match relay.delete_published(settings.retention).await {
+                Ok(0) => {}
+                Ok(n) => info!(deleted = n, "Deleted published outbox rows past retention."),
+                Err(e) => warn!(error = %e, "Outbox retention cleanup failed."),
+            }
+        }
+        if let Some(wait) = pause {
+            tokio::select! {
+                () = wake.notified() => {}
+                () = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The outbox relay logic (seed 001 §4), without the actor: claim pending rows, produce
+//! them, mark them published only after the broker acknowledged every record.
+//!
+//! Per-key order with several publishers: the key space is split into 64 shards (a stored
+//! column computed from the key). A publisher claims rows only from shards whose
+//! transaction-scoped advisory lock it holds, so one key is published by one publisher at a
+//! time, in `seq` order. Late commits are never skipped: there is no cursor, every claim
+//! reads all rows still unpublished.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use diesel::prelude::*;
+use diesel::sql_types::{Array, BigInt, Double, Integer, Text};
+use diesel_async::scoped_futures::ScopedFutureExt;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use futures_util::future::join_all;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tally_schema::headers;
+use tally_schema::models::PendingOutboxEvent;
+use tally_schema::schema::outbox_events;
+
+use crate::db::PgPool;
+use crate::metrics::Metrics;
+
+/// First key of the shard advisory locks ("tall"); the second key is the shard number.
+const SHARD_LOCK_SPACE: i32 = 0x7461_6c6c;
+/// Number of shards, as in the `outbox_events.shard` column definition.
+pub const SHARDS: i32 = 64;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboxError {
+    #[error("database error: {0}")]
+    Database(#[from] diesel::result::Error),
+    #[error("no database connection: {0}")]
+    Pool(String),
+    #[error("broker did not acknowledge record {event_id}: {source}")]
+    Delivery { event_id: uuid::Uuid, source: KafkaError },
+    #[error("cannot enqueue record {event_id}: {source}")]
+    Enqueue { event_id: uuid::Uuid, source: KafkaError },
+    #[error("delivery report lost for record {0}")]
+    Canceled(uuid::Uuid),
+}
+
+impl OutboxError {
+    /// A stable code for logs and metrics.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Database(_) => "database",
+            Self::Pool(_) => "pool",
+            Self::Delivery { .. } => "delivery",
+            Self::Enqueue { .. } => "enqueue",
+            Self::Canceled(_) => "canceled",
+        }
+    }
+}
+
+#[derive(QueryableByName)]
+struct ShardRow {
+    #[diesel(sql_type = Integer)]
+    shard: i32,
+}
+
+/// Pending rows and the age of the oldest, for one topic.
+#[derive(Debug, Clone, PartialEq, QueryableByName, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingStats {
+    #[diesel(sql_type = Text)]
+    pub topic: String,
+    #[diesel(sql_type = BigInt)]
+    pub pending: i64,
+    #[diesel(sql_type = Double)]
+    pub oldest_age_seconds: f64,
+}
+
+/// Claims, publishes and marks outbox rows.
+pub struct OutboxRelay {
+    pool: PgPool,
+    producer: FutureProducer,
+    metrics: Metrics,
+    batch_size: i64,
+}
+
+impl OutboxRelay {
+    #[must_use]
+    pub fn new(pool: PgPool, producer: FutureProducer, metrics: Metrics, batch_size: i64) -> Self {
+        Self { pool, producer, metrics, batch_size }
+    }
+
+    #[must_use]
+    pub fn batch_size(&self) -> i64 {
+        self.batch_size
+    }
+
+    #[must_use]
+    pub fn producer(&self) -> &FutureProducer {
+        &self.producer
+    }
+
+    /// Publishes one batch: locks the free shards, claims up to `batch_size` pending rows
+    /// of those shards in `seq` order (`FOR UPDATE SKIP LOCKED`), produces them, waits for
+    /// every acknowledgement, then sets `published_at`, all in one database transaction. On
+    /// any failure nothing is marked and the transaction rolls back. Returns the number of
+    /// rows published.
+    ///
+    /// # Errors
+    /// [`OutboxError`] when the database or the broker fails; the rows stay pending.
+    pub async fn publish_batch(&self) -> Result<usize, OutboxError> {
+        let started = Instant::now();
+        let mut conn = self.pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
+        let result = conn
+            .transaction::<usize, OutboxError, _>(|conn| {
+                async move {
+                    let shards: Vec<i32> = diesel::sql_query(
+                        "SELECT shard FROM generate_series(0, $1 - 1) AS shard \
+                         WHERE pg_try_advisory_xact_lock($2, shard)",
+                    )
+                    .bind::<Integer, _>(SHARDS)
+                    .bind::<Integer, _>(SHARD_LOCK_SPACE)
+                    .load::<ShardRow>(conn)
+                    .await?
+                    .into_iter()
+                    .map(|r| r.shard)
+                    .collect();
+                    if shards.is_empty() {
+                        return Ok(0);
+                    }
+                    let rows: Vec<PendingOutboxEvent> = diesel::sql_query(
+                        "SELECT id, seq, topic, key, event_type, payload, traceparent, created_at \
+                         FROM outbox_events \
+                         WHERE published_at IS NULL AND shard = ANY($1) \
+                         ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+                    )
+                    .bind::<Array<Integer>, _>(&shards)
+                    .bind::<BigInt, _>(self.batch_size)
+                    .load(conn)
+                    .await?;
+                    if rows.is_empty() {
+                        return Ok(0);
+                    }
+                    self.produce_all(&rows).await?;
+                    let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
+                    diesel::update(outbox_events::table.filter(outbox_events::id.eq_any(&ids)))
+                        .set(outbox_events::published_at.eq(diesel::dsl::now))
+                        .execute(conn)
+                        .await?;
+                    Ok(rows.len())
+                }
+                .scope_boxed()
+            })
+            .await;
+        match &result {
+            Ok(n) if *n > 0 => {
+                self.metrics.outbox_published_total.inc_by(*n as u64);
+                self.metrics.outbox_batch_seconds.observe(started.elapsed().as_secs_f64());
+            }
+            Ok(_) => {}
+            Err(_) => self.metrics.outbox_publish_failures_total.inc(),
+        }
+        result
+    }
+
+    /// Enqueues every row, then waits for every delivery report.
+    async fn produce_all(&self, rows: &[PendingOutboxEvent]) -> Result<(), OutboxError> {
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id = row.id.to_string();
+            let mut hdrs = OwnedHeaders::new_with_capacity(3)
+                .insert(Header { key: headers::EVENT_ID, value: Some(id.as_bytes()) })
+                .insert(Header { key: headers::EVENT_TYPE, value: Some(row.event_type.as_bytes()) });
+            if let Some(tp) = &row.traceparent {
+                hdrs = hdrs.insert(Header { key: headers::TRACEPARENT, value: Some(tp.as_bytes()) });
+            }
+            let record = FutureRecord::to(&row.topic).key(&row.key).payload(&row.payload).headers(hdrs);
+            match self.producer.send_result(record) {
+                Ok(delivery) => deliveries.push((row.id, row.created_at, delivery)),
+                Err((source, _)) => return Err(OutboxError::Enqueue { event_id: row.id, source }),
+            }
+        }
+        let ids_and_times: Vec<_> = deliveries.iter().map(|(id, at, _)| (*id, *at)).collect();
+        let reports = join_all(deliveries.into_iter().map(|(_, _, d)| d)).await;
+        let now = Utc::now();
+        for ((event_id, created_at), report) in ids_and_times.into_iter().zip(reports) {
+            match report {
+                Ok(Ok(_)) => {
+                    let age = (now - created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
+                    self.metrics.outbox_commit_to_ack_seconds.observe(age.max(0.0));
+                }
+                Ok(Err((source, _))) => return Err(OutboxError::Delivery { event_id, source }),
+                Err(_) => return Err(OutboxError::Canceled(event_id)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes rows published longer than `retention` ago, in bounded chunks. Returns the
+    /// number deleted.
+    ///
+    /// # Errors
+    /// When the database fails.
+    pub async fn delete_published(&self, retention: Duration) -> Result<u64, OutboxError> {
+        const CHUNK: i64 = 10_000;
+        let mut conn = self.pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
+        let mut total = 0_u64;
+        loop {
+            let n = diesel::sql_query(
+                "DELETE FROM outbox_events WHERE id IN ( \
+                   SELECT id FROM outbox_events \
+                   WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
+                   LIMIT $2)",
+            )
+            .bind::<Double, _>(retention.as_secs_f64())
+            .bind::<BigInt, _>(CHUNK)
+            .execute(&mut conn)
+            .await?;
+            total += n as u64;
+            if (n as i64) < CHUNK {
+                break;
+            }
+        }
+        self.metrics.outbox_deleted_total.inc_by(total);
+        Ok(total)
+    }
+}
+
+/// Pending rows per topic with the age of the oldest (for `/admin/outbox` and gauges).
+///
+/// # Errors
+/// When the database fails.
+pub async fn pending_by_topic(pool: &PgPool) -> Result<Vec<PendingStats>, OutboxError> {
+    let mut conn = pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
+    Ok(diesel::sql_query(
+        "SELECT topic::text AS topic, count(*)::bigint AS pending, \
+                COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds \
+         FROM outbox_events WHERE published_at IS NULL GROUP BY topic ORDER BY topic",
+    )
+    .load(&mut conn)
+    .await?)
+}
+
+/// Refreshes the outbox gauges from the database.
+///
+/// # Errors
+/// When the database fails.
+pub async fn refresh_gauges(pool: &PgPool, metrics: &Metrics) -> Result<Vec<PendingStats>, OutboxError> {
+    let stats = pending_by_topic(pool).await?;
+    metrics.outbox_pending.set(stats.iter().map(|s| s.pending).sum());
+    metrics.outbox_oldest_pending_age_seconds.set(stats.iter().map(|s| s.oldest_age_seconds).fold(0.0, f64::max));
+    metrics.outbox_pending_by_topic.reset();
+    for s in &stats {
+        metrics.outbox_pending_by_topic.with_label_values(&[&s.topic]).set(s.pending as f64);
+    }
+    Ok(stats)
+}

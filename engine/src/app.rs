@@ -1,0 +1,241 @@
+//! Wiring: builds the pool, Kafka clients, actors and HTTP listeners from the
+//! configuration, and owns the shutdown order of DESIGN.md §3: stop intake -> stop fetching
+//! -> drain actors -> commit offsets -> flush producers -> stop HTTP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_web::dev::ServerHandle;
+use actix_web::web;
+use anyhow::{anyhow, Context};
+use rdkafka::producer::FutureProducer;
+use tally_actors::db::{build_pool, PoolSettings};
+use tally_actors::outbox::{self, OutboxPublisher, OutboxRelay, PublisherSettings, StopPublishing};
+use tally_actors::Metrics;
+use tokio::sync::{watch, Notify};
+use tracing::info;
+
+use crate::broker::{self, EmbeddedBroker};
+use crate::config::Config;
+use crate::http::{self, AppState};
+use crate::{database, kafka};
+
+/// Where the daemon's Kafka clients connect.
+#[derive(Clone)]
+pub struct KafkaEndpoint {
+    pub bootstrap: String,
+    /// The in-process broker, when `kafka.brokers = "embedded"`; kept alive by the daemon.
+    pub embedded: Option<Arc<EmbeddedBroker>>,
+}
+
+impl KafkaEndpoint {
+    /// Starts the embedded broker when configured (or reuses `existing`), creates the
+    /// topics, and returns the endpoint.
+    ///
+    /// # Errors
+    /// When the broker cannot start or a topic cannot be created.
+    pub async fn prepare(config: &Config, existing: Option<Arc<EmbeddedBroker>>) -> anyhow::Result<Self> {
+        let embedded = match existing {
+            Some(b) => Some(b),
+            None if config.kafka.is_embedded() => {
+                let b = Arc::new(EmbeddedBroker::start(config.kafka.embedded_brokers)?);
+                broker::announce(&b);
+                Some(b)
+            }
+            None => None,
+        };
+        let bootstrap =
+            embedded.as_ref().map_or_else(|| config.kafka.brokers.clone(), |b| b.bootstrap_servers().to_owned());
+        kafka::create_topics(&config.kafka, &bootstrap, embedded.as_deref()).await?;
+        Ok(Self { bootstrap, embedded })
+    }
+}
+
+/// A running daemon inside an actix `System`.
+pub struct Daemon {
+    pub intake_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    intake: ServerHandle,
+    admin: ServerHandle,
+    servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    publisher: Option<Addr<OutboxPublisher>>,
+    listener_stop: watch::Sender<bool>,
+    listener: Option<tokio::task::JoinHandle<()>>,
+    kafka: KafkaEndpoint,
+}
+
+/// Starts every part of the daemon. Must run inside an actix `System`; the database must
+/// already be prepared ([`database::prepare_blocking`]).
+///
+/// # Errors
+/// When a client cannot be created or a listener cannot be bound.
+pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Vec<String>) -> anyhow::Result<Daemon> {
+    let metrics = Metrics::new().context("cannot register metrics")?;
+    let pool = build_pool(&PoolSettings {
+        url: config.database.url.expose().to_owned(),
+        max_size: config.database.pool_size,
+        statement_timeout: Duration::from_millis(config.database.statement_timeout_ms),
+        connect_timeout: Duration::from_millis(config.database.connect_timeout_ms),
+        application_name: "tally".into(),
+    })
+    .context("cannot build the database pool")?;
+
+    let producer: FutureProducer =
+        kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-outbox", config.outbox.send_timeout_ms)
+            .create()
+            .context("cannot create the outbox producer (check kafka.producer settings)")?;
+
+    let wake = Arc::new(Notify::new());
+    let (listener_stop, listener_rx) = watch::channel(false);
+    let mut listener = None;
+    let mut publisher = None;
+    if config.pipelines.outbox {
+        let relay = OutboxRelay::new(pool.clone(), producer.clone(), metrics.clone(), config.outbox.batch_size);
+        let settings = PublisherSettings {
+            poll_interval: config.outbox.poll_interval(),
+            retention: Duration::from_secs(config.outbox.retention_secs),
+            cleanup_interval: Duration::from_secs(config.outbox.cleanup_interval_secs),
+            backoff_initial: Duration::from_millis(config.outbox.backoff_initial_ms),
+            backoff_max: Duration::from_millis(config.outbox.backoff_max_ms),
+        };
+        if config.outbox.listen {
+            listener =
+                Some(outbox::spawn_listener(config.database.url.expose().to_owned(), Arc::clone(&wake), listener_rx));
+        }
+        publisher = Some(OutboxPublisher::new(relay, settings, wake).start());
+    } else {
+        info!("Outbox publisher disabled by pipelines.outbox = false.");
+    }
+
+    let state = web::Data::new(AppState {
+        pool,
+        topics: config.kafka.topics.clone(),
+        metrics,
+        expected_migrations,
+        kafka_probe: producer,
+        admin_token: config.http.admin_token.clone(),
+    });
+    let intake = http::intake_server(state.clone(), &config.http)
+        .with_context(|| format!("cannot bind the intake listener on {}", config.http.intake_addr))?;
+    let admin = http::admin_server(state, &config.http)
+        .with_context(|| format!("cannot bind the admin listener on {}", config.http.admin_addr))?;
+    info!(intake = %intake.addr, admin = %admin.addr, "HTTP listeners started.");
+    let daemon = Daemon {
+        intake_addr: intake.addr,
+        admin_addr: admin.addr,
+        intake: intake.server.handle(),
+        admin: admin.server.handle(),
+        servers: vec![tokio::spawn(intake.server), tokio::spawn(admin.server)],
+        publisher,
+        listener_stop,
+        listener,
+        kafka,
+    };
+    Ok(daemon)
+}
+
+impl Daemon {
+    /// The embedded broker, when the daemon runs one.
+    #[must_use]
+    pub fn embedded_broker(&self) -> Option<&Arc<EmbeddedBroker>> {
+        self.kafka.embedded.as_ref()
+    }
+
+    /// Stops everything in the order of DESIGN.md §3, logging each step.
+    pub async fn shutdown(self) {
+        info!("Shutdown: stopping intake (no new requests).");
+        self.intake.stop(true).await;
+        info!("Shutdown: no consumers to stop fetching, drain or commit.");
+        if let Some(publisher) = self.publisher {
+            info!("Shutdown: stopping the outbox publisher (finish the batch in hand, flush the producer).");
+            let _ = publisher.send(StopPublishing).await;
+        }
+        let _ = self.listener_stop.send(true);
+        if let Some(listener) = self.listener {
+            let _ = listener.await;
+        }
+        info!("Shutdown: stopping the admin listener.");
+        self.admin.stop(true).await;
+        for server in self.servers {
+            let _ = server.await;
+        }
+        if self.kafka.embedded.is_some() {
+            info!("Shutdown: stopping the embedded broker.");
+        }
+        drop(self.kafka);
+        info!("Shutdown complete.");
+    }
+}
+
+/// A daemon running on a thread of its own (its own actix `System`), for tests and the
+/// bench. Dropping the handle stops the daemon.
+pub struct DaemonHandle {
+    pub intake_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub bootstrap: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DaemonHandle {
+    /// Shuts the daemon down in order and waits for its thread.
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for DaemonHandle {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}
+
+/// Prepares the database, then starts a daemon on a new thread and waits until it serves.
+/// `broker` reuses an embedded broker that outlives the daemon (tests that restart it).
+///
+/// # Errors
+/// When the database cannot be prepared or the daemon cannot start.
+pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Result<DaemonHandle> {
+    let expected = database::embedded_versions()?;
+    database::prepare_blocking(config.database.url.expose())?;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("tally-daemon".into())
+        .spawn(move || {
+            let system = actix::System::new();
+            system.block_on(async move {
+                let started = async {
+                    let kafka = KafkaEndpoint::prepare(&config, broker).await?;
+                    start(config, kafka, expected).await
+                }
+                .await;
+                match started {
+                    Ok(daemon) => {
+                        let _ =
+                            ready_tx.send(Ok((daemon.intake_addr, daemon.admin_addr, daemon.kafka.bootstrap.clone())));
+                        let _ = stop_rx.await;
+                        daemon.shutdown().await;
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            });
+        })
+        .context("cannot start the daemon thread")?;
+    let (intake_addr, admin_addr, bootstrap) =
+        ready_rx.recv().map_err(|_| anyhow!("the daemon thread ended before it started"))??;
+    Ok(DaemonHandle { intake_addr, admin_addr, bootstrap, stop: Some(stop_tx), thread: Some(thread) })
+}

@@ -1,0 +1,468 @@
+//! Typed, layered configuration: built-in defaults -> optional TOML file ->
+//! `TALLY__SECTION__KEY` environment variables. Validated at start-up; every error names the
+//! offending key. Secrets are wrapped in [`Secret`] and never printed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// A configuration error that names the key at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid configuration: `{key}` {problem}")]
+    Invalid { key: &'static str, problem: String },
+    #[error("configuration file {0} does not exist")]
+    MissingFile(String),
+}
+
+/// A secret value: `Debug` prints `<redacted>`. It serialises in clear only because
+/// figment layers defaults through `Serialize`; the one place that prints configuration,
+/// [`Config::to_redacted_toml`], redacts every secret explicitly.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    #[must_use]
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself. Call it only where the value is used, never to log it.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub database: DatabaseConfig,
+    pub kafka: KafkaConfig,
+    pub http: HttpConfig,
+    pub outbox: OutboxConfig,
+    pub pipelines: PipelinesConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// PostgreSQL URL. The database is created if missing.
+    pub url: Secret,
+    pub pool_size: usize,
+    pub statement_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// `"embedded"` (an in-process librdkafka mock cluster) or a bootstrap list.
+    pub brokers: String,
+    /// Number of brokers of the embedded mock cluster.
+    pub embedded_brokers: i32,
+    pub partitions: i32,
+    pub replication_factor: i32,
+    pub topics: TopicsConfig,
+    /// librdkafka properties passed through to every producer.
+    pub producer: BTreeMap<String, String>,
+    /// librdkafka properties passed through to every consumer.
+    pub consumer: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopicsConfig {
+    pub transfers_requested: String,
+    pub transfers_analyzed: String,
+    pub transfers_rejected: String,
+    pub transfers_settled: String,
+    pub orders_received: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    pub intake_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    /// Bearer token for state-changing admin endpoints. Empty: those endpoints are refused.
+    pub admin_token: Secret,
+    pub body_limit_bytes: usize,
+    pub workers: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxConfig {
+    pub batch_size: i64,
+    /// Claim again after this long even without a notification.
+    pub poll_interval_ms: u64,
+    /// Wake on PostgreSQL LISTEN/NOTIFY.
+    pub listen: bool,
+    /// How long published rows are kept before deletion.
+    pub retention_secs: u64,
+    pub cleanup_interval_secs: u64,
+    /// Longest wait for the broker's acknowledgement of one batch.
+    pub send_timeout_ms: u64,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelinesConfig {
+    /// Publish outbox rows to Kafka.
+    pub outbox: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A `tracing` filter directive, e.g. `info,tally=debug`.
+    pub level: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            database: DatabaseConfig::default(),
+            kafka: KafkaConfig::default(),
+            http: HttpConfig::default(),
+            outbox: OutboxConfig::default(),
+            pipelines: PipelinesConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self {
+            url: Secret::new("postgres://postgres@127.0.0.1:5432/tally"),
+            pool_size: 16,
+            statement_timeout_ms: 10_000,
+            connect_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            brokers: "embedded".into(),
+            embedded_brokers: 3,
+            partitions: 12,
+            replication_factor: 1,
+            topics: TopicsConfig::default(),
+            producer: BTreeMap::new(),
+            consumer: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for TopicsConfig {
+    fn default() -> Self {
+        use tally_schema::topics;
+        Self {
+            transfers_requested: topics::TRANSFERS_REQUESTED.into(),
+            transfers_analyzed: topics::TRANSFERS_ANALYZED.into(),
+            transfers_rejected: topics::TRANSFERS_REJECTED.into(),
+            transfers_settled: topics::TRANSFERS_SETTLED.into(),
+            orders_received: topics::ORDERS_RECEIVED.into(),
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            intake_addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            admin_token: Secret::default(),
+            body_limit_bytes: 16 * 1024,
+            workers: 2,
+        }
+    }
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 500,
+            poll_interval_ms: 1_000,
+            listen: true,
+            retention_secs: 24 * 3600,
+            cleanup_interval_secs: 60,
+            send_timeout_ms: 10_000,
+            backoff_initial_ms: 200,
+            backoff_max_ms: 10_000,
+        }
+    }
+}
+
+impl Default for PipelinesConfig {
+    fn default() -> Self {
+        Self { outbox: true }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self { format: LogFormat::Pretty, level: "info".into() }
+    }
+}
+
+impl TopicsConfig {
+    /// Every source topic, in a fixed order.
+    #[must_use]
+    pub fn sources(&self) -> Vec<&str> {
+        vec![
+            &self.transfers_requested,
+            &self.transfers_analyzed,
+            &self.transfers_rejected,
+            &self.transfers_settled,
+            &self.orders_received,
+        ]
+    }
+
+    /// Every topic tally uses: each source topic and its `-dlt` twin.
+    #[must_use]
+    pub fn all(&self) -> Vec<String> {
+        self.sources().into_iter().flat_map(|t| [t.to_owned(), tally_schema::topics::dlt(t)]).collect()
+    }
+}
+
+impl KafkaConfig {
+    #[must_use]
+    pub fn is_embedded(&self) -> bool {
+        self.brokers == "embedded"
+    }
+}
+
+impl OutboxConfig {
+    #[must_use]
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.poll_interval_ms)
+    }
+}
+
+impl Config {
+    /// Loads defaults, then `file` (if given), then `TALLY__*` environment variables, and
+    /// validates the result.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the key that is missing, mistyped, unknown or out of range.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::MissingFile(path.display().to_string()));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment.merge(Env::prefixed("TALLY__").split("__"));
+        Self::from_figment(&figment)
+    }
+
+    /// Extracts and validates a configuration from `figment`.
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn from_figment(figment: &Figment) -> Result<Self, ConfigError> {
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and relations that types cannot express.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first key at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn invalid(key: &'static str, problem: impl Into<String>) -> Result<(), ConfigError> {
+            Err(ConfigError::Invalid { key, problem: problem.into() })
+        }
+        let url = self.database.url.expose();
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return invalid("database.url", "must be a postgres:// URL");
+        }
+        if url.parse::<tokio_postgres::Config>().is_err() {
+            return invalid("database.url", "is not a valid PostgreSQL connection URL");
+        }
+        if !(1..=1000).contains(&self.database.pool_size) {
+            return invalid("database.pool_size", "must be between 1 and 1000");
+        }
+        if self.database.statement_timeout_ms == 0 {
+            return invalid("database.statement_timeout_ms", "must be greater than 0");
+        }
+        if self.kafka.brokers.trim().is_empty() {
+            return invalid("kafka.brokers", "must be \"embedded\" or a bootstrap list");
+        }
+        if !(1..=10).contains(&self.kafka.embedded_brokers) {
+            return invalid("kafka.embedded_brokers", "must be between 1 and 10");
+        }
+        if !(1..=1000).contains(&self.kafka.partitions) {
+            return invalid("kafka.partitions", "must be between 1 and 1000");
+        }
+        if self.kafka.replication_factor < 1
+            || (self.kafka.is_embedded() && self.kafka.replication_factor > self.kafka.embedded_brokers)
+        {
+            return invalid(
+                "kafka.replication_factor",
+                "must be at least 1 and, for the embedded broker, at most kafka.embedded_brokers",
+            );
+        }
+        let topics = self.kafka.topics.all();
+        if topics.iter().any(|t| !valid_topic_name(t)) {
+            return invalid("kafka.topics", "names must be 1..=200 characters of [a-zA-Z0-9._-]");
+        }
+        let mut unique = topics.clone();
+        unique.sort();
+        unique.dedup();
+        if unique.len() != topics.len() {
+            return invalid("kafka.topics", "names must be distinct");
+        }
+        if self.http.intake_addr == self.http.admin_addr && self.http.intake_addr.port() != 0 {
+            return invalid("http.admin_addr", "must differ from http.intake_addr");
+        }
+        if !(1..=16 * 1024 * 1024).contains(&self.http.body_limit_bytes) {
+            return invalid("http.body_limit_bytes", "must be between 1 and 16777216");
+        }
+        if !(1..=64).contains(&self.http.workers) {
+            return invalid("http.workers", "must be between 1 and 64");
+        }
+        if !(1..=10_000).contains(&self.outbox.batch_size) {
+            return invalid("outbox.batch_size", "must be between 1 and 10000");
+        }
+        if self.outbox.poll_interval_ms == 0 {
+            return invalid("outbox.poll_interval_ms", "must be greater than 0");
+        }
+        if self.outbox.send_timeout_ms == 0 {
+            return invalid("outbox.send_timeout_ms", "must be greater than 0");
+        }
+        if self.outbox.backoff_initial_ms == 0 || self.outbox.backoff_max_ms < self.outbox.backoff_initial_ms {
+            return invalid("outbox.backoff_max_ms", "must be at least outbox.backoff_initial_ms (> 0)");
+        }
+        if self.outbox.cleanup_interval_secs == 0 {
+            return invalid("outbox.cleanup_interval_secs", "must be greater than 0");
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
+            return invalid("log.level", "is not a valid tracing filter (e.g. \"info\")");
+        }
+        Ok(())
+    }
+
+    /// The effective configuration as TOML, secrets redacted (`tally config`).
+    #[must_use]
+    pub fn to_redacted_toml(&self) -> String {
+        let mut shown = self.clone();
+        shown.database.url = Secret(redact_url_password(self.database.url.expose()));
+        if !shown.http.admin_token.is_empty() {
+            shown.http.admin_token = Secret::new("<redacted>");
+        }
+        toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+}
+
+fn redact_url_password(url: &str) -> String {
+    // postgres://user:password@host/db -> postgres://user:<redacted>@host/db
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let Some((userinfo, host)) = rest.split_once('@') else { return url.to_owned() };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+fn valid_topic_name(name: &str) -> bool {
+    (1..=200).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(toml: &str) -> Result<Config, ConfigError> {
+        let figment = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml));
+        Config::from_figment(&figment)
+    }
+
+    #[test]
+    fn defaults_are_valid_and_match_design() {
+        let c = with("").unwrap();
+        assert_eq!(c.http.intake_addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.http.admin_addr.to_string(), "127.0.0.1:9090");
+        assert_eq!(c.database.url.expose(), "postgres://postgres@127.0.0.1:5432/tally");
+        assert!(c.kafka.is_embedded());
+        assert_eq!(c.kafka.partitions, 12);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = with("[database]\npool_size = 0").unwrap_err().to_string();
+        assert!(e.contains("database.pool_size"), "{e}");
+        let e = with("[outbox]\nbatch_size = \"many\"").unwrap_err().to_string();
+        assert!(e.contains("batch_size"), "{e}");
+        let e = with("[http]\nintake_adr = \"127.0.0.1:1\"").unwrap_err().to_string();
+        assert!(e.contains("intake_adr"), "{e}");
+        let e = with("[database]\nurl = \"mysql://x\"").unwrap_err().to_string();
+        assert!(e.contains("database.url"), "{e}");
+    }
+
+    #[test]
+    fn environment_overrides_file() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("tally.toml", "[outbox]\nbatch_size = 7\n[kafka]\nbrokers = \"a:1\"")?;
+            jail.set_env("TALLY__OUTBOX__BATCH_SIZE", "9");
+            jail.set_env("TALLY__HTTP__ADMIN_TOKEN", "s3cret");
+            let c = Config::load(Some(Path::new("tally.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(c.outbox.batch_size, 9);
+            assert_eq!(c.kafka.brokers, "a:1");
+            assert_eq!(c.http.admin_token.expose(), "s3cret");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let mut c = Config::default();
+        c.http.admin_token = Secret::new("s3cret-token");
+        c.database.url = Secret::new("postgres://app:hunter2@db:5432/tally");
+        let shown = c.to_redacted_toml();
+        assert!(!shown.contains("s3cret-token"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("postgres://app:<redacted>@db:5432/tally"), "{shown}");
+        assert!(!format!("{c:?}").contains("s3cret-token"));
+    }
+}

@@ -1,0 +1,120 @@
+//! Start-up database work: create the database if it is missing and apply pending
+//! migrations (embedded in the binary). It runs before the actor system starts, on a
+//! thread of its own, because diesel's migration harness is synchronous.
+
+use anyhow::{anyhow, Context};
+use diesel::migration::MigrationSource;
+use diesel::pg::Pg;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::AsyncPgConnection;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use tracing::info;
+
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations");
+
+/// Advisory lock key held while migrating, so that two daemons starting together do not
+/// apply the same migration twice.
+const MIGRATION_LOCK: i64 = 0x7461_6c6c_795f_6d67; // "tally_mg"
+
+/// The versions of every embedded migration, for the readiness check.
+///
+/// # Errors
+/// When the embedded migrations cannot be listed (a build defect).
+pub fn embedded_versions() -> anyhow::Result<Vec<String>> {
+    let migrations =
+        MigrationSource::<Pg>::migrations(&MIGRATIONS).map_err(|e| anyhow!("cannot list embedded migrations: {e}"))?;
+    Ok(migrations.iter().map(|m| m.name().version().to_string()).collect())
+}
+
+/// Creates the database named in `url` if missing, then applies pending migrations.
+/// Returns the versions applied now. Blocking: call it before the actor system starts or
+/// from a thread without an async runtime.
+///
+/// # Errors
+/// When PostgreSQL is unreachable, the database cannot be created, or a migration fails.
+pub fn prepare_blocking(url: &str) -> anyhow::Result<Vec<String>> {
+    let url = url.to_owned();
+    std::thread::spawn(move || -> anyhow::Result<Vec<String>> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the start-up runtime")?;
+        runtime.block_on(create_database_if_missing(&url))?;
+        drop(runtime);
+        run_migrations(&url)
+    })
+    .join()
+    .map_err(|_| anyhow!("the migration thread panicked"))?
+}
+
+/// Creates the database of `url` when it does not exist yet.
+///
+/// # Errors
+/// When the server is unreachable or refuses `CREATE DATABASE`.
+pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
+    let config: tokio_postgres::Config = url.parse().context("database.url is not a valid PostgreSQL URL")?;
+    let name = config.get_dbname().ok_or_else(|| anyhow!("database.url names no database"))?.to_owned();
+    let mut admin = config.clone();
+    admin.dbname("postgres");
+    let (client, connection) = admin
+        .connect(tokio_postgres::NoTls)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?;
+    let driver = tokio::spawn(connection);
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await
+        .context("cannot list databases")?
+        .is_some();
+    if !exists {
+        let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+        match client.batch_execute(&sql).await {
+            Ok(()) => info!(database = %name, "Created database."),
+            // Another process created it in the meantime.
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot create database {name}")),
+        }
+    }
+    drop(client);
+    let _ = driver.await;
+    Ok(())
+}
+
+fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
+    use diesel::connection::{Connection, SimpleConnection};
+    let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::establish(url)
+        .with_context(|| format!("cannot connect to {}", redact(url)))?;
+    conn.batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
+        .context("cannot take the migration lock")?;
+    let applied: anyhow::Result<Vec<String>> = conn
+        .run_pending_migrations(MIGRATIONS)
+        .map(|versions| versions.iter().map(ToString::to_string).collect())
+        .map_err(|e| anyhow!("migration failed: {e}"));
+    let unlock = conn.batch_execute(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"));
+    let applied = applied?;
+    unlock.context("cannot release the migration lock")?;
+    for version in &applied {
+        info!(version, "Applied migration.");
+    }
+    Ok(applied)
+}
+
+/// `url` with its password replaced, for messages.
+#[must_use]
+pub fn redact(url: &str) -> String {
+    match url.parse::<tokio_postgres::Config>() {
+        Ok(c) => format!(
+            "postgres://{}@{}/{}",
+            c.get_user().unwrap_or(""),
+            c.get_hosts()
+                .first()
+                .map(|h| match h {
+                    tokio_postgres::config::Host::Tcp(s) => s.clone(),
+                    tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+                })
+                .unwrap_or_default(),
+            c.get_dbname().unwrap_or("")
+        ),
+        Err(_) => "<invalid url>".into(),
+    }
+}

@@ -1,0 +1,92 @@
+//! Admin endpoints: health, readiness, Prometheus metrics, outbox backlog.
+
+use std::time::Duration;
+
+use actix_web::{web, HttpResponse};
+use diesel::sql_types::Text;
+use diesel_async::RunQueryDsl;
+use rdkafka::producer::Producer;
+use serde_json::json;
+use tally_actors::outbox;
+
+use super::error::ApiError;
+use super::AppState;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics))
+        .route("/admin/outbox", web::get().to(outbox_backlog));
+}
+
+/// Liveness: the process serves HTTP.
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "status": "ok" }))
+}
+
+#[derive(diesel::QueryableByName)]
+struct VersionRow {
+    #[diesel(sql_type = Text)]
+    version: String,
+}
+
+/// Readiness: the database answers, every embedded migration is applied, and Kafka
+/// metadata can be fetched. 503 with the reasons otherwise.
+async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let mut problems = Vec::new();
+    match state.pool.get().await {
+        Ok(mut conn) => {
+            match diesel::sql_query("SELECT version::text AS version FROM __diesel_schema_migrations")
+                .load::<VersionRow>(&mut conn)
+                .await
+            {
+                Ok(rows) => {
+                    let applied: Vec<String> = rows.into_iter().map(|r| r.version).collect();
+                    let missing: Vec<&String> =
+                        state.expected_migrations.iter().filter(|v| !applied.contains(v)).collect();
+                    if !missing.is_empty() {
+                        problems.push(format!("migrations not applied: {missing:?}"));
+                    }
+                }
+                Err(e) => problems.push(format!("database query failed: {e}")),
+            }
+        }
+        Err(e) => problems.push(format!("database unreachable: {e}")),
+    }
+    let probe = state.kafka_probe.clone();
+    let kafka =
+        web::block(move || probe.client().fetch_metadata(None, Duration::from_secs(3)).map(|m| m.brokers().len()))
+            .await;
+    match kafka {
+        Ok(Ok(n)) if n > 0 => {}
+        Ok(Ok(_)) => problems.push("kafka metadata lists no brokers".into()),
+        Ok(Err(e)) => problems.push(format!("kafka metadata unavailable: {e}")),
+        Err(e) => problems.push(format!("kafka probe failed: {e}")),
+    }
+    if problems.is_empty() {
+        HttpResponse::Ok().json(json!({ "status": "ready" }))
+    } else {
+        HttpResponse::ServiceUnavailable().json(json!({ "status": "not_ready", "reasons": problems }))
+    }
+}
+
+/// Prometheus text exposition; the outbox gauges are refreshed from the database first.
+async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    if let Err(e) = outbox::refresh_gauges(&state.pool, &state.metrics).await {
+        tracing::warn!(error = %e, "Cannot refresh outbox gauges.");
+    }
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(state.metrics.render())
+}
+
+/// `GET /admin/outbox`: pending rows and the oldest pending age, per topic and in total.
+async fn outbox_backlog(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let topics =
+        outbox::refresh_gauges(&state.pool, &state.metrics).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let pending: i64 = topics.iter().map(|t| t.pending).sum();
+    let oldest = topics.iter().map(|t| t.oldest_age_seconds).fold(0.0, f64::max);
+    Ok(HttpResponse::Ok().json(json!({
+        "pending": pending,
+        "oldestAgeSeconds": oldest,
+        "topics": topics,
+    })))
+}

@@ -1,0 +1,227 @@
+//! Intake endpoints: transfers (seed 001 §4) and accounts.
+
+use actix_web::http::header;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Serialize};
+use tally_schema::models::{Account, Posting, Transfer};
+use tally_schema::values::parse_amount;
+use tally_schema::{AccountId, Currency};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::store::{self, Created, TransferRequest};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateTransferBody {
+    source_account: String,
+    destination_account: String,
+    amount_cents: serde_json::Number,
+    currency: String,
+}
+
+impl CreateTransferBody {
+    fn validate(self) -> Result<TransferRequest, ApiError> {
+        let source = AccountId::parse("sourceAccount", &self.source_account)?;
+        let destination = AccountId::parse("destinationAccount", &self.destination_account)?;
+        let amount_cents = parse_amount("amountCents", &self.amount_cents)?;
+        let currency = Currency::parse("currency", &self.currency)?;
+        if source == destination {
+            return Err(ApiError::Validation("sourceAccount and destinationAccount must differ".into()));
+        }
+        Ok(TransferRequest {
+            source_account: source.into_inner(),
+            destination_account: destination.into_inner(),
+            amount_cents,
+            currency: currency.to_string(),
+        })
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferView {
+    id: Uuid,
+    source_account: String,
+    destination_account: String,
+    amount_cents: i64,
+    currency: String,
+    status: String,
+    rejection_reason: Option<String>,
+    created_at: chrono::DateTime<chrono::Utc>,
+    updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl From<Transfer> for TransferView {
+    fn from(t: Transfer) -> Self {
+        Self {
+            id: t.id,
+            source_account: t.source_account,
+            destination_account: t.destination_account,
+            amount_cents: t.amount_cents,
+            currency: t.currency,
+            status: t.status,
+            rejection_reason: t.rejection_reason,
+            created_at: t.created_at,
+            updated_at: t.updated_at,
+        }
+    }
+}
+
+/// `POST /transfers`: 201 with the transfer; with `Idempotency-Key`, a replay of the same
+/// request answers 200 with the original and a different request 409. Nothing is written
+/// unless 201.
+pub async fn create_transfer(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Json<CreateTransferBody>,
+) -> Result<HttpResponse, ApiError> {
+    let key = idempotency_key(&req)?;
+    let request = body.into_inner().validate()?;
+    let traceparent = super::traceparent(&req);
+    let mut conn = state.pool.get().await?;
+    let created = store::create_transfer(
+        &mut conn,
+        &request,
+        key.as_deref(),
+        &state.topics.transfers_requested,
+        Some(traceparent),
+    )
+    .await?;
+    match created {
+        Created::New(t) => Ok(HttpResponse::Created()
+            .insert_header((header::LOCATION, format!("/transfers/{}", t.id)))
+            .json(TransferView::from(t))),
+        Created::Replayed(t) => Ok(HttpResponse::Ok()
+            .insert_header((header::LOCATION, format!("/transfers/{}", t.id)))
+            .json(TransferView::from(t))),
+        Created::KeyConflict => Err(ApiError::Conflict {
+            code: "idempotency_key_conflict",
+            message: "this Idempotency-Key was already used with a different request".into(),
+        }),
+    }
+}
+
+fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
+    let Some(value) = req.headers().get("Idempotency-Key") else { return Ok(None) };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|k| !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| ApiError::BadRequest("Idempotency-Key must be 1 to 255 visible ASCII characters".into()))?;
+    Ok(Some(key.to_owned()))
+}
+
+/// `GET /transfers/{id}`.
+pub async fn get_transfer(state: web::Data<AppState>, id: web::Path<Uuid>) -> Result<HttpResponse, ApiError> {
+    let mut conn = state.pool.get().await?;
+    let transfer = store::find_transfer(&mut conn, *id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("transfer {id} does not exist")))?;
+    Ok(HttpResponse::Ok().json(TransferView::from(transfer)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateAccountBody {
+    id: String,
+    currency: String,
+    initial_balance_cents: serde_json::Number,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountView {
+    id: String,
+    currency: String,
+    balance_cents: i64,
+}
+
+impl From<Account> for AccountView {
+    fn from(a: Account) -> Self {
+        Self { id: a.id, currency: a.currency, balance_cents: a.balance_cents }
+    }
+}
+
+/// `POST /accounts`: 201 with the account; 409 when the id exists.
+pub async fn create_account(
+    state: web::Data<AppState>,
+    body: web::Json<CreateAccountBody>,
+) -> Result<HttpResponse, ApiError> {
+    let body = body.into_inner();
+    let id = AccountId::parse("id", &body.id)?;
+    let currency = Currency::parse("currency", &body.currency)?;
+    let balance = body.initial_balance_cents.as_i64().filter(|b| *b >= 0).ok_or_else(|| {
+        ApiError::Validation("initialBalanceCents must be a non-negative integer that fits in 64 bits".into())
+    })?;
+    let mut conn = state.pool.get().await?;
+    match store::create_account(&mut conn, id.as_str(), currency.as_str(), balance).await? {
+        Some(account) => Ok(HttpResponse::Created()
+            .insert_header((header::LOCATION, format!("/accounts/{}", account.id)))
+            .json(AccountView::from(account))),
+        None => Err(ApiError::Conflict { code: "account_exists", message: format!("account {id} already exists") }),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostingsQuery {
+    limit: Option<i64>,
+    before: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PostingView {
+    id: i64,
+    transfer_id: Uuid,
+    kind: String,
+    amount_cents: i64,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl From<Posting> for PostingView {
+    fn from(p: Posting) -> Self {
+        Self {
+            id: p.id,
+            transfer_id: p.transfer_id,
+            kind: p.kind,
+            amount_cents: p.amount_cents,
+            created_at: p.created_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountDetail {
+    #[serde(flatten)]
+    account: AccountView,
+    postings: Vec<PostingView>,
+    /// Pass as `before` to get the next (older) page; absent on the last page.
+    next_before: Option<i64>,
+}
+
+/// `GET /accounts/{id}?limit=&before=`: balance and postings, newest first.
+pub async fn get_account(
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    query: web::Query<PostingsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = query.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::BadRequest("limit must be between 1 and 500".into()));
+    }
+    let mut conn = state.pool.get().await?;
+    let account = store::find_account(&mut conn, &id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("account {id} does not exist")))?;
+    let postings = store::postings_page(&mut conn, &id, query.before, limit).await?;
+    let next_before = (postings.len() as i64 == limit).then(|| postings.last().map(|p| p.id)).flatten();
+    Ok(HttpResponse::Ok().json(AccountDetail {
+        account: account.into(),
+        postings: postings.into_iter().map(Into::into).collect(),
+        next_before,
+    }))
+}

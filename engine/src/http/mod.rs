@@ -1,0 +1,156 @@
+//! The two HTTP listeners: intake (transfers, accounts) and admin (health, readiness,
+//! metrics, operations). Both answer errors as JSON and count requests per route.
+
+pub mod admin;
+pub mod error;
+pub mod intake;
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
+use actix_web::middleware::{from_fn, Next};
+use actix_web::{web, App, HttpRequest, HttpServer};
+use rdkafka::producer::FutureProducer;
+use tally_actors::db::PgPool;
+use tally_actors::Metrics;
+
+use crate::config::{HttpConfig, Secret, TopicsConfig};
+
+/// Shared state of both listeners.
+pub struct AppState {
+    pub pool: PgPool,
+    pub topics: TopicsConfig,
+    pub metrics: Metrics,
+    /// Versions of the embedded migrations, for `/readyz`.
+    pub expected_migrations: Vec<String>,
+    /// A client used to fetch Kafka metadata for `/readyz`.
+    pub kafka_probe: FutureProducer,
+    pub admin_token: Secret,
+}
+
+/// A bound, not yet running, HTTP server and its address.
+pub struct Bound {
+    pub server: Server,
+    pub addr: SocketAddr,
+}
+
+fn json_config(limit: usize) -> web::JsonConfig {
+    web::JsonConfig::default().limit(limit).error_handler(error::json_error)
+}
+
+/// Binds the intake listener.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub fn intake_server(state: web::Data<AppState>, config: &HttpConfig) -> std::io::Result<Bound> {
+    let limit = config.body_limit_bytes;
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .app_data(json_config(limit))
+            .app_data(web::PayloadConfig::new(limit))
+            .app_data(web::PathConfig::default().error_handler(error::path_error))
+            .app_data(web::QueryConfig::default().error_handler(error::query_error))
+            .wrap(from_fn(count_requests))
+            .route("/transfers", web::post().to(intake::create_transfer))
+            .route("/transfers/{id}", web::get().to(intake::get_transfer))
+            .route("/accounts", web::post().to(intake::create_account))
+            .route("/accounts/{id}", web::get().to(intake::get_account))
+            .default_service(web::to(error::not_found))
+    })
+    .workers(config.workers)
+    .disable_signals()
+    .shutdown_timeout(10)
+    .bind(config.intake_addr)?;
+    let addr = first_addr(&server.addrs(), config.intake_addr);
+    Ok(Bound { server: server.run(), addr })
+}
+
+/// Binds the admin listener.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub fn admin_server(state: web::Data<AppState>, config: &HttpConfig) -> std::io::Result<Bound> {
+    let limit = config.body_limit_bytes;
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .app_data(json_config(limit))
+            .app_data(web::PathConfig::default().error_handler(error::path_error))
+            .app_data(web::QueryConfig::default().error_handler(error::query_error))
+            .wrap(from_fn(count_requests))
+            .configure(admin::routes)
+            .default_service(web::to(error::not_found))
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(5)
+    .bind(config.admin_addr)?;
+    let addr = first_addr(&server.addrs(), config.admin_addr);
+    Ok(Bound { server: server.run(), addr })
+}
+
+fn first_addr(addrs: &[SocketAddr], fallback: SocketAddr) -> SocketAddr {
+    addrs.first().copied().unwrap_or(fallback)
+}
+
+/// Counts every request by route pattern and status, and times it.
+async fn count_requests(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let started = Instant::now();
+    let metrics = req.app_data::<web::Data<AppState>>().map(|s| s.metrics.clone());
+    let route = req.match_pattern().unwrap_or_else(|| "unmatched".into());
+    let res = next.call(req).await?;
+    if let Some(m) = metrics {
+        let status = res.status().as_u16().to_string();
+        m.http_requests_total.with_label_values(&[&route, &status]).inc();
+        m.http_request_seconds.with_label_values(&[&route]).observe(started.elapsed().as_secs_f64());
+    }
+    Ok(res)
+}
+
+/// The request's W3C `traceparent` when valid, otherwise a new trace started here.
+#[must_use]
+pub fn traceparent(req: &HttpRequest) -> String {
+    req.headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| valid_traceparent(v))
+        .map_or_else(new_traceparent, str::to_owned)
+}
+
+fn valid_traceparent(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    parts.len() == 4
+        && parts[0] == "00"
+        && hex(parts[1], 32)
+        && parts[1] != "0".repeat(32)
+        && hex(parts[2], 16)
+        && parts[2] != "0".repeat(16)
+        && hex(parts[3], 2)
+}
+
+fn new_traceparent() -> String {
+    let trace = uuid::Uuid::new_v4().simple().to_string();
+    let span = &uuid::Uuid::new_v4().simple().to_string()[..16];
+    format!("00-{trace}-{span}-01")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_validation() {
+        assert!(valid_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+        assert!(!valid_traceparent("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"));
+        assert!(!valid_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01"));
+        assert!(!valid_traceparent("garbage"));
+        assert!(valid_traceparent(&new_traceparent()));
+    }
+}

@@ -1,0 +1,17 @@
+//! The tally daemon: command line, configuration, wiring, HTTP intake and admin endpoints,
+//! Kafka client set-up, the embedded broker, and (later) the bench driver.
+//!
+//! Depends on `tally-actors` and `tally-schema`; only `integration-tests` depends on this
+//! crate.
+
+pub mod app;
+pub mod broker;
+pub mod config;
+pub mod database;
+pub mod http;
+pub mod kafka;
+pub mod store;
+pub mod telemetry;
+
+pub use app::{spawn, Daemon, DaemonHandle, KafkaEndpoint};
+pub use config::Config;

@@ -1,0 +1,185 @@
+//! `tally`: an actor-based event processing engine for money-moving flows on Kafka and
+//! PostgreSQL. See `tally --help`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tally_engine::broker::{self, EmbeddedBroker};
+use tally_engine::{app, database, kafka, telemetry, Config, KafkaEndpoint};
+use tracing::{error, info};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tally",
+    version,
+    about = "Actor-based event processing engine for money-moving flows on Kafka and PostgreSQL.",
+    long_about = "Actor-based event processing engine for money-moving flows on Kafka and PostgreSQL.\n\n\
+Configuration is layered: built-in defaults, then the TOML file given with --config, then \
+TALLY__SECTION__KEY environment variables (e.g. TALLY__DATABASE__URL, TALLY__KAFKA__BROKERS). \
+`tally config` prints the effective configuration."
+)]
+struct Cli {
+    /// TOML configuration file (optional; defaults and TALLY__* variables apply without it).
+    #[arg(long, short, global = true, env = "TALLY_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon: prepare the database, start the pipelines and the HTTP listeners,
+    /// and run until SIGINT or SIGTERM.
+    Run,
+    /// Create the database if missing and apply pending migrations, then exit.
+    Migrate,
+    /// Manage Kafka topics.
+    Topics {
+        #[command(subcommand)]
+        action: TopicsCommand,
+    },
+    /// Run a standalone in-memory Kafka broker (librdkafka mock cluster) until stopped, so
+    /// that daemons can be stopped and restarted while the broker and its data live on.
+    Broker {
+        /// Address to serve the broker on. Port 0 starts `kafka.embedded_brokers` brokers
+        /// on random ports; a fixed port serves a single broker there.
+        #[arg(long, default_value = "127.0.0.1:19092")]
+        listen: SocketAddr,
+    },
+    /// Print the effective configuration as TOML, secrets redacted.
+    Config,
+}
+
+#[derive(Debug, Subcommand)]
+enum TopicsCommand {
+    /// Create every topic and its -dlt twin through the Admin API; existing ones are kept.
+    Create,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tally: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Command::Config = cli.command {
+        print!("{}", config.to_redacted_toml());
+        return ExitCode::SUCCESS;
+    }
+    telemetry::init(&config.log);
+    let result = match cli.command {
+        Command::Run => run(config),
+        Command::Migrate => migrate(&config),
+        Command::Topics { action: TopicsCommand::Create } => topics_create(&config),
+        Command::Broker { listen } => run_broker(&config, listen),
+        Command::Config => Ok(()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            eprintln!("tally: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(config: Config) -> anyhow::Result<()> {
+    info!(version = env!("CARGO_PKG_VERSION"), "Starting tally.");
+    let expected = database::embedded_versions()?;
+    database::prepare_blocking(config.database.url.expose()).with_context(|| {
+        format!("cannot prepare the database at {}", database::redact(config.database.url.expose()))
+    })?;
+    let system = actix::System::new();
+    system.block_on(async move {
+        let kafka = KafkaEndpoint::prepare(&config, None).await?;
+        let daemon = app::start(config, kafka, expected).await?;
+        info!(intake = %daemon.intake_addr, admin = %daemon.admin_addr, "tally is running; stop with Ctrl-C or SIGTERM.");
+        wait_for_signal().await;
+        daemon.shutdown().await;
+        Ok(())
+    })
+}
+
+fn migrate(config: &Config) -> anyhow::Result<()> {
+    let applied = database::prepare_blocking(config.database.url.expose())?;
+    if applied.is_empty() {
+        println!("Database is up to date.");
+    } else {
+        println!("Applied migrations: {}", applied.join(", "));
+    }
+    Ok(())
+}
+
+fn topics_create(config: &Config) -> anyhow::Result<()> {
+    if config.kafka.is_embedded() {
+        anyhow::bail!(
+            "kafka.brokers is \"embedded\": the embedded broker creates its topics when it starts. \
+             Set kafka.brokers (or TALLY__KAFKA__BROKERS) to a cluster's bootstrap list."
+        );
+    }
+    runtime()?.block_on(kafka::create_topics(&config.kafka, &config.kafka.brokers, None))?;
+    println!("Topics ready: {}", config.kafka.topics.all().join(", "));
+    Ok(())
+}
+
+fn run_broker(config: &Config, listen: SocketAddr) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let fixed = listen.port() != 0;
+        let broker = Arc::new(EmbeddedBroker::start(if fixed { 1 } else { config.kafka.embedded_brokers })?);
+        let replication = if fixed { 1 } else { config.kafka.replication_factor };
+        let mut kafka_config = config.kafka.clone();
+        kafka_config.replication_factor = replication;
+        kafka::create_topics(&kafka_config, broker.bootstrap_servers(), Some(&broker)).await?;
+        let forwarder = if fixed { Some(broker.serve_fixed(listen).await?) } else { None };
+        let bootstrap = if fixed { listen.to_string() } else { broker.bootstrap_servers().to_owned() };
+        broker::announce(&broker);
+        info!(bootstrap, "Standalone broker ready.");
+        println!("bootstrap.servers={bootstrap}");
+        wait_for_signal().await;
+        if let Some(f) = forwarder {
+            f.abort();
+        }
+        info!("Standalone broker stopped.");
+        Ok(())
+    })
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => info!("Received SIGINT."),
+                    _ = term.recv() => info!("Received SIGTERM."),
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+                info!("Received SIGINT.");
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

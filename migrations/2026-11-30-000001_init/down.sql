@@ -1,0 +1,10 @@
+DROP TABLE notification_deliveries;
+DROP TABLE received_orders;
+DROP TABLE orders;
+DROP TABLE processed_transfers;
+DROP TABLE postings;
+DROP TABLE accounts;
+DROP TRIGGER outbox_events_notify ON outbox_events;
+DROP FUNCTION tally_outbox_notify();
+DROP TABLE outbox_events;
+DROP TABLE transfers;

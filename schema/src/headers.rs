@@ -1,0 +1,21 @@
+//! Kafka record header names (DESIGN.md §4).
+
+/// The event id (UUID string) of the record's payload.
+pub const EVENT_ID: &str = "event-id";
+/// The event type name, e.g. `TransferRequested`.
+pub const EVENT_TYPE: &str = "event-type";
+/// W3C trace context, when known.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// Dead-letter headers, added to the original key, value and headers.
+pub const DLT_ORIGINAL_TOPIC: &str = "dlt-original-topic";
+pub const DLT_ORIGINAL_PARTITION: &str = "dlt-original-partition";
+pub const DLT_ORIGINAL_OFFSET: &str = "dlt-original-offset";
+pub const DLT_ORIGINAL_TIMESTAMP: &str = "dlt-original-timestamp";
+pub const DLT_CONSUMER_GROUP: &str = "dlt-consumer-group";
+pub const DLT_EXCEPTION_KIND: &str = "dlt-exception-kind";
+pub const DLT_EXCEPTION_MESSAGE: &str = "dlt-exception-message";
+pub const DLT_ATTEMPTS: &str = "dlt-attempts";
+
+/// Set on records republished from a DLT.
+pub const REPLAYED_FROM: &str = "replayed-from";

@@ -1,0 +1,126 @@
+//! Validated value types shared by the HTTP intake and the consumers.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Why a value was refused. The message names the field and the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValueError {
+    #[error("{field} must be 1 to 32 characters without whitespace or control characters")]
+    AccountId { field: &'static str },
+    #[error("{field} must be 3 uppercase letters (ISO 4217), e.g. \"BRL\"")]
+    Currency { field: &'static str },
+    #[error("{field} must be a positive integer number of cents that fits in 64 bits")]
+    Amount { field: &'static str },
+}
+
+/// An account id: 1..=32 characters, no whitespace or control characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AccountId(String);
+
+impl AccountId {
+    /// Validates `value` as an account id; `field` names it in the error.
+    ///
+    /// # Errors
+    /// [`ValueError::AccountId`] when the value is empty, longer than 32 characters, or
+    /// holds whitespace or control characters.
+    pub fn parse(field: &'static str, value: &str) -> Result<Self, ValueError> {
+        let len = value.chars().count();
+        if len == 0 || len > 32 || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ValueError::AccountId { field });
+        }
+        Ok(Self(value.to_owned()))
+    }
+
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    #[must_use]
+    pub fn into_inner(self) -> String {
+        self.0
+    }
+}
+
+impl fmt::Display for AccountId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An ISO 4217 style currency code: exactly 3 ASCII uppercase letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Currency([u8; 3]);
+
+impl Currency {
+    /// Validates `value` as a currency code; `field` names it in the error.
+    ///
+    /// # Errors
+    /// [`ValueError::Currency`] unless the value is exactly 3 ASCII uppercase letters.
+    pub fn parse(field: &'static str, value: &str) -> Result<Self, ValueError> {
+        match value.as_bytes() {
+            [a, b, c] if [a, b, c].iter().all(|x| x.is_ascii_uppercase()) => Ok(Self([*a, *b, *c])),
+            _ => Err(ValueError::Currency { field }),
+        }
+    }
+
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        // The bytes are ASCII uppercase letters by construction.
+        std::str::from_utf8(&self.0).unwrap_or("???")
+    }
+}
+
+impl fmt::Display for Currency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Validates a JSON number as a positive amount of cents that fits in an `i64`.
+///
+/// # Errors
+/// [`ValueError::Amount`] for zero, negative, fractional or out-of-range numbers.
+pub fn parse_amount(field: &'static str, value: &serde_json::Number) -> Result<i64, ValueError> {
+    match value.as_i64() {
+        Some(n) if n > 0 => Ok(n),
+        _ => Err(ValueError::Amount { field }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn account_id_bounds() {
+        assert!(AccountId::parse("id", "CC-001").is_ok());
+        assert!(AccountId::parse("id", &"a".repeat(32)).is_ok());
+        assert!(AccountId::parse("id", &"a".repeat(33)).is_err());
+        assert!(AccountId::parse("id", "").is_err());
+        assert!(AccountId::parse("id", "a b").is_err());
+        assert!(AccountId::parse("id", "a\u{0}").is_err());
+    }
+
+    #[test]
+    fn currency_is_three_uppercase_letters() {
+        assert_eq!(Currency::parse("c", "BRL").map(|c| c.to_string()), Ok("BRL".into()));
+        for bad in ["brl", "BR", "BRLX", "B1L", "", "ÄBC"] {
+            assert!(Currency::parse("c", bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn amount_must_be_positive_i64() {
+        let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).map_err(|e| e.to_string());
+        assert_eq!(parse_amount("a", &n("1").unwrap()), Ok(1));
+        assert_eq!(parse_amount("a", &n("9223372036854775807").unwrap()), Ok(i64::MAX));
+        for bad in ["0", "-5", "1.5", "9223372036854775808", "1e3"] {
+            assert!(parse_amount("a", &n(bad).unwrap()).is_err(), "{bad} accepted");
+        }
+    }
+}
