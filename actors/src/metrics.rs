@@ -2,8 +2,8 @@
 //! every family.
 
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 /// Every metric family of the daemon, registered in [`Metrics::registry`].
@@ -22,6 +22,16 @@ pub struct Metrics {
     pub outbox_deleted_total: IntCounter,
     pub http_requests_total: IntCounterVec,
     pub http_request_seconds: HistogramVec,
+    pub records_total: IntCounterVec,
+    pub retries_total: IntCounterVec,
+    pub dlt_records_total: IntCounterVec,
+    pub consumer_lag: IntGaugeVec,
+    pub inflight: IntGaugeVec,
+    pub live_actors: IntGaugeVec,
+    pub oldest_inflight_age_seconds: GaugeVec,
+    pub handler_seconds: HistogramVec,
+    pub settlement_batch_size: Histogram,
+    pub ledger_invariant_ok: IntGaugeVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -82,6 +92,53 @@ impl Metrics {
                     .buckets(LATENCY_BUCKETS.to_vec()),
                 &["route"],
             )?,
+            records_total: IntCounterVec::new(
+                Opts::new(
+                    "records_total",
+                    "Records completed, by pipeline and outcome (e.g. settled, rejected, duplicate, dead_lettered).",
+                ),
+                &["pipeline", "outcome"],
+            )?,
+            retries_total: IntCounterVec::new(
+                Opts::new("retries_total", "Blocking retries after transient errors, by pipeline."),
+                &["pipeline"],
+            )?,
+            dlt_records_total: IntCounterVec::new(
+                Opts::new("dlt_records_total", "Records written to a dead-letter topic, by DLT topic."),
+                &["topic"],
+            )?,
+            consumer_lag: IntGaugeVec::new(
+                Opts::new("consumer_lag", "Records between the committed offset and the end of the partition."),
+                &["pipeline", "partition"],
+            )?,
+            inflight: IntGaugeVec::new(
+                Opts::new("inflight", "Records received and not yet below the committed watermark, per partition."),
+                &["pipeline", "partition"],
+            )?,
+            live_actors: IntGaugeVec::new(
+                Opts::new("live_actors", "Live keyed worker actors (e.g. account ledgers), by pipeline."),
+                &["pipeline"],
+            )?,
+            oldest_inflight_age_seconds: GaugeVec::new(
+                Opts::new(
+                    "oldest_inflight_age_seconds",
+                    "Age of the oldest unfinished record, by pipeline (a key stuck in retry shows here).",
+                ),
+                &["pipeline"],
+            )?,
+            handler_seconds: HistogramVec::new(
+                HistogramOpts::new("handler_seconds", "Time to handle one record, retries included, by pipeline.")
+                    .buckets(LATENCY_BUCKETS.to_vec()),
+                &["pipeline"],
+            )?,
+            settlement_batch_size: Histogram::with_opts(
+                HistogramOpts::new("settlement_batch_size", "Transfers settled per ledger database transaction.")
+                    .buckets(vec![1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0]),
+            )?,
+            ledger_invariant_ok: IntGaugeVec::new(
+                Opts::new("ledger_invariant_ok", "1 when the ledger invariant held at the last check, 0 otherwise."),
+                &["invariant"],
+            )?,
             registry,
             process: Registry::new(),
         };
@@ -95,6 +152,16 @@ impl Metrics {
         m.registry.register(Box::new(m.outbox_deleted_total.clone()))?;
         m.registry.register(Box::new(m.http_requests_total.clone()))?;
         m.registry.register(Box::new(m.http_request_seconds.clone()))?;
+        m.registry.register(Box::new(m.records_total.clone()))?;
+        m.registry.register(Box::new(m.retries_total.clone()))?;
+        m.registry.register(Box::new(m.dlt_records_total.clone()))?;
+        m.registry.register(Box::new(m.consumer_lag.clone()))?;
+        m.registry.register(Box::new(m.inflight.clone()))?;
+        m.registry.register(Box::new(m.live_actors.clone()))?;
+        m.registry.register(Box::new(m.oldest_inflight_age_seconds.clone()))?;
+        m.registry.register(Box::new(m.handler_seconds.clone()))?;
+        m.registry.register(Box::new(m.settlement_batch_size.clone()))?;
+        m.registry.register(Box::new(m.ledger_invariant_ok.clone()))?;
         #[cfg(target_os = "linux")]
         m.process.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
         Ok(m)

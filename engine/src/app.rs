@@ -20,7 +20,9 @@ use tracing::info;
 use crate::broker::{self, EmbeddedBroker};
 use crate::config::Config;
 use crate::http::{self, AppState};
+use crate::pipelines;
 use crate::{database, kafka};
+use tally_actors::consume::Pipeline;
 
 /// Where the daemon's Kafka clients connect.
 #[derive(Clone)]
@@ -61,6 +63,8 @@ pub struct Daemon {
     admin: ServerHandle,
     servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     publisher: Option<Addr<OutboxPublisher>>,
+    pipelines: Vec<Pipeline>,
+    dlt_producer: FutureProducer,
     listener_stop: watch::Sender<bool>,
     listener: Option<tokio::task::JoinHandle<()>>,
     kafka: KafkaEndpoint,
@@ -86,6 +90,21 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-outbox", config.outbox.send_timeout_ms)
             .create()
             .context("cannot create the outbox producer (check kafka.producer settings)")?;
+
+    let dlt_producer: FutureProducer = kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-dlt", 30_000)
+        .create()
+        .context("cannot create the dead-letter producer (check kafka.producer settings)")?;
+    let shared = pipelines::Shared {
+        config: &config,
+        bootstrap: &kafka.bootstrap,
+        pool: pool.clone(),
+        metrics: metrics.clone(),
+        dlt_producer: dlt_producer.clone(),
+    };
+    let mut running = Vec::new();
+    if config.pipelines.ledger {
+        running.push(shared.start_ledger()?);
+    }
 
     let wake = Arc::new(Notify::new());
     let (listener_stop, listener_rx) = watch::channel(false);
@@ -129,6 +148,8 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         admin: admin.server.handle(),
         servers: vec![tokio::spawn(intake.server), tokio::spawn(admin.server)],
         publisher,
+        pipelines: running,
+        dlt_producer,
         listener_stop,
         listener,
         kafka,
@@ -147,11 +168,21 @@ impl Daemon {
     pub async fn shutdown(self) {
         info!("Shutdown: stopping intake (no new requests).");
         self.intake.stop(true).await;
-        info!("Shutdown: no consumers to stop fetching, drain or commit.");
+        info!(
+            pipelines = self.pipelines.len(),
+            "Shutdown: stopping fetching, draining in-flight records, committing offsets."
+        );
+        for pipeline in self.pipelines {
+            pipeline.stop().await;
+        }
         if let Some(publisher) = self.publisher {
             info!("Shutdown: stopping the outbox publisher (finish the batch in hand, flush the producer).");
             let _ = publisher.send(StopPublishing).await;
         }
+        info!("Shutdown: flushing the dead-letter producer.");
+        let dlt = self.dlt_producer.clone();
+        let _ = tokio::task::spawn_blocking(move || rdkafka::producer::Producer::flush(&dlt, Duration::from_secs(10)))
+            .await;
         let _ = self.listener_stop.send(true);
         if let Some(listener) = self.listener {
             let _ = listener.await;

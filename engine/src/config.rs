@@ -63,6 +63,8 @@ pub struct Config {
     pub http: HttpConfig,
     pub outbox: OutboxConfig,
     pub pipelines: PipelinesConfig,
+    pub consumer: ConsumerConfig,
+    pub ledger: LedgerConfig,
     pub log: LogConfig,
 }
 
@@ -135,6 +137,56 @@ pub struct OutboxConfig {
 pub struct PipelinesConfig {
     /// Publish outbox rows to Kafka.
     pub outbox: bool,
+    /// Settle `transfers.analyzed` into the double-entry ledger.
+    pub ledger: bool,
+}
+
+/// Consumption limits shared by every pipeline.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsumerConfig {
+    /// Records in flight per partition; when reached, the partition stops fetching.
+    pub max_in_flight: usize,
+    /// Live keyed worker actors per pipeline (least recently used idle ones go first).
+    pub max_live_workers: usize,
+    /// Keyed workers idle this long are passivated.
+    pub idle_after_secs: u64,
+    /// Longest wait for in-flight records on revoke and shutdown.
+    pub drain_timeout_ms: u64,
+}
+
+/// Blocking exponential retry of one pipeline (DESIGN.md §5.3).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    pub max_retries: u32,
+    pub initial_ms: u64,
+    pub multiplier: f64,
+    pub max_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LedgerMode {
+    /// Group commit: many transfers per database transaction (the default).
+    Batched,
+    /// The seed's shape: one transaction per transfer, sequential per partition, commit
+    /// after each record. For comparison (`make bench`), not for production.
+    Seed,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LedgerConfig {
+    pub group_id: String,
+    pub mode: LedgerMode,
+    /// Transfers settled per database transaction at most.
+    pub batch_size: usize,
+    /// Settlement transactions running at once.
+    pub max_concurrent_batches: usize,
+    /// How long a partial batch waits for more transfers while another batch runs.
+    pub linger_ms: u64,
+    pub retry: RetryConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,6 +212,8 @@ impl Default for Config {
             http: HttpConfig::default(),
             outbox: OutboxConfig::default(),
             pipelines: PipelinesConfig::default(),
+            consumer: ConsumerConfig::default(),
+            ledger: LedgerConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -232,7 +286,49 @@ impl Default for OutboxConfig {
 
 impl Default for PipelinesConfig {
     fn default() -> Self {
-        Self { outbox: true }
+        Self { outbox: true, ledger: true }
+    }
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self { max_in_flight: 512, max_live_workers: 20_000, idle_after_secs: 60, drain_timeout_ms: 10_000 }
+    }
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self { max_retries: 5, initial_ms: 500, multiplier: 2.0, max_ms: 15_000 }
+    }
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            group_id: "tally-ledger".into(),
+            mode: LedgerMode::Batched,
+            batch_size: 200,
+            max_concurrent_batches: 4,
+            linger_ms: 2,
+            retry: RetryConfig::default(),
+        }
+    }
+}
+
+impl RetryConfig {
+    fn validate(&self, key: &'static str) -> Result<(), ConfigError> {
+        if self.initial_ms == 0
+            || self.max_ms < self.initial_ms
+            || !(1.0..=10.0).contains(&self.multiplier)
+            || self.max_retries > 100
+        {
+            return Err(ConfigError::Invalid {
+                key,
+                problem: "needs initial_ms > 0, max_ms >= initial_ms, multiplier in 1..=10 and max_retries <= 100"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -376,6 +472,25 @@ impl Config {
         if self.outbox.cleanup_interval_secs == 0 {
             return invalid("outbox.cleanup_interval_secs", "must be greater than 0");
         }
+        if !(1..=100_000).contains(&self.consumer.max_in_flight) {
+            return invalid("consumer.max_in_flight", "must be between 1 and 100000");
+        }
+        if self.consumer.max_live_workers == 0 {
+            return invalid("consumer.max_live_workers", "must be greater than 0");
+        }
+        if self.consumer.drain_timeout_ms == 0 {
+            return invalid("consumer.drain_timeout_ms", "must be greater than 0");
+        }
+        if self.ledger.group_id.trim().is_empty() {
+            return invalid("ledger.group_id", "must not be empty");
+        }
+        if !(1..=5_000).contains(&self.ledger.batch_size) {
+            return invalid("ledger.batch_size", "must be between 1 and 5000");
+        }
+        if self.ledger.max_concurrent_batches == 0 || self.ledger.max_concurrent_batches > self.database.pool_size {
+            return invalid("ledger.max_concurrent_batches", "must be between 1 and database.pool_size");
+        }
+        self.ledger.retry.validate("ledger.retry")?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return invalid("log.level", "is not a valid tracing filter (e.g. \"info\")");
         }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod database;
 pub mod http;
 pub mod kafka;
+pub mod pipelines;
 pub mod store;
 pub mod telemetry;
 

@@ -124,7 +124,13 @@ pub async fn create_account(
     currency: &str,
     balance_cents: i64,
 ) -> Result<Option<Account>, diesel::result::Error> {
-    let row = Account { id: id.to_owned(), balance_cents, currency: currency.to_owned(), created_at: Utc::now() };
+    let row = Account {
+        id: id.to_owned(),
+        balance_cents,
+        currency: currency.to_owned(),
+        opening_balance_cents: balance_cents,
+        created_at: Utc::now(),
+    };
     diesel::insert_into(accounts::table)
         .values(&row)
         .on_conflict(accounts::id)

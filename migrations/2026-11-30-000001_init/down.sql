@@ -4,6 +4,7 @@ DROP TABLE orders;
 DROP TABLE processed_transfers;
 DROP TABLE postings;
 DROP TABLE accounts;
+DROP FUNCTION tally_account_opening();
 DROP TRIGGER outbox_events_notify ON outbox_events;
 DROP FUNCTION tally_outbox_notify();
 DROP TABLE outbox_events;

@@ -50,11 +50,26 @@ CREATE TRIGGER outbox_events_notify
 
 -- Ledger (seed 001 §6: conta, lancamento, transferencia_processada).
 CREATE TABLE accounts (
-    id            VARCHAR(32) PRIMARY KEY,
-    balance_cents BIGINT      NOT NULL CHECK (balance_cents >= 0),
-    currency      CHAR(3)     NOT NULL,
-    created_at    TIMESTAMPTZ NOT NULL DEFAULT now()
+    id                    VARCHAR(32) PRIMARY KEY,
+    balance_cents         BIGINT      NOT NULL CHECK (balance_cents >= 0),
+    currency              CHAR(3)     NOT NULL,
+    -- The balance at creation, so that the ledger check can prove
+    -- balance = opening + credits - debits for every account. Filled in by the trigger
+    -- below when an insert leaves it out.
+    opening_balance_cents BIGINT      NOT NULL,
+    created_at            TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+
+CREATE FUNCTION tally_account_opening() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.opening_balance_cents := COALESCE(NEW.opening_balance_cents, NEW.balance_cents);
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER accounts_opening
+    BEFORE INSERT ON accounts
+    FOR EACH ROW EXECUTE FUNCTION tally_account_opening();
 
 CREATE TABLE postings (
     id           BIGSERIAL   PRIMARY KEY,

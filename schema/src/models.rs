@@ -34,6 +34,7 @@ pub struct Account {
     pub id: String,
     pub balance_cents: i64,
     pub currency: String,
+    pub opening_balance_cents: i64,
     pub created_at: DateTime<Utc>,
 }
 

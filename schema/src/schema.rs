@@ -7,6 +7,7 @@ diesel::table! {
         balance_cents -> Int8,
         #[max_length = 3]
         currency -> Bpchar,
+        opening_balance_cents -> Int8,
         created_at -> Timestamptz,
     }
 }

@@ -16,7 +16,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))
-        .route("/admin/outbox", web::get().to(outbox_backlog));
+        .route("/admin/outbox", web::get().to(outbox_backlog))
+        .route("/admin/ledger/check", web::get().to(ledger_check));
 }
 
 /// Liveness: the process serves HTTP.
@@ -89,4 +90,13 @@ async fn outbox_backlog(state: web::Data<AppState>) -> Result<HttpResponse, ApiE
         "oldestAgeSeconds": oldest,
         "topics": topics,
     })))
+}
+
+/// `GET /admin/ledger/check`: the ledger invariants of DESIGN.md §8 (also published as
+/// `tally_ledger_invariant_ok` gauges). 200 when all hold, 409 otherwise.
+async fn ledger_check(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let mut conn = state.pool.get().await?;
+    let check = tally_actors::ledger::check::check_ledger(&mut conn).await?;
+    tally_actors::ledger::check::publish(&check, &state.metrics);
+    Ok(if check.ok { HttpResponse::Ok().json(check) } else { HttpResponse::Conflict().json(check) })
 }

@@ -1,0 +1,453 @@
+//! The consumption machinery shared by every pipeline (DESIGN.md §3, §5).
+//!
+//! One consumer group per pipeline. A driver thread owns the Kafka consumer: it polls,
+//! serves rebalance callbacks, routes each record to the [`PartitionConsumer`] actor of its
+//! partition through a bounded queue, and stores and commits the contiguous completed
+//! watermark each partition publishes. Offsets are stored only by tally
+//! (`enable.auto.offset.store=false`); the periodic auto-commit and the explicit commits
+//! on revoke and shutdown commit only stored offsets, so a commit never passes an
+//! unfinished record.
+//!
+//! Backpressure: when a partition's queue is full, the driver pauses that partition and
+//! keeps the record in hand; librdkafka drops what it had prefetched for the partition and,
+//! on resume, fetches again from the record after the last one handed to tally. Nothing
+//! buffers without bound.
+//!
+//! Why a thread: on revoke the rebalance callback must wait for in-flight work to finish
+//! and commit before the partition is given up. The callback runs on the thread that
+//! polls, so that thread must not be the one that runs the actors doing the work.
+
+mod offsets;
+mod partition;
+mod record;
+mod worker;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
+use rdkafka::{ClientContext, Statistics, TopicPartitionList};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+pub use offsets::OffsetTracker;
+pub use partition::{Drain, PartitionConsumer, PartitionShared, Release};
+pub use record::Record;
+pub use worker::{KeyedWorker, Process, WorkerRegistry};
+
+use crate::metrics::Metrics;
+use crate::supervise::{RecordHandler, Supervision};
+
+/// What a pipeline consumes and how.
+#[derive(Debug, Clone)]
+pub struct PipelineSpec {
+    /// Pipeline name, used in metrics labels and logs (e.g. `ledger`).
+    pub name: String,
+    pub group_id: String,
+    pub topics: Vec<String>,
+    /// Base client settings (bootstrap servers and pass-through properties).
+    pub client: ClientConfig,
+    /// Records in flight per partition before the partition stops fetching.
+    pub max_in_flight: usize,
+    /// Live keyed workers at most (least recently used idle ones are passivated first).
+    pub max_live_workers: usize,
+    /// Workers idle this long are passivated.
+    pub idle_after: Duration,
+    /// Longest wait for in-flight work when a partition is revoked or the pipeline stops.
+    pub drain_timeout: Duration,
+    /// Commit synchronously after every completed record (the seed-style baseline).
+    pub commit_each: bool,
+}
+
+impl PipelineSpec {
+    fn consumer_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
+            .set("auto.offset.reset", "earliest")
+            .set("statistics.interval.ms", "5000")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000")
+            .set("queued.min.messages", "1000")
+            .set_log_level(RDKafkaLogLevel::Warning);
+        for (k, v) in self.client.config_map() {
+            c.set(k, v);
+        }
+        // Not overridable: correctness depends on them.
+        c.set("group.id", &self.group_id).set("enable.auto.offset.store", "false");
+        c
+    }
+}
+
+struct Slot {
+    addr: Addr<PartitionConsumer>,
+    tx: mpsc::Sender<Arc<Record>>,
+    shared: Arc<PartitionShared>,
+    stored: i64,
+    stash: VecDeque<Arc<Record>>,
+    paused: bool,
+}
+
+type TopicPartition = (String, i32);
+
+/// State shared by the driver loop and the rebalance callbacks (both on the driver thread,
+/// never locked across a poll).
+struct Shared {
+    spec: PipelineSpec,
+    slots: Mutex<HashMap<TopicPartition, Slot>>,
+    arbiter: ArbiterHandle,
+    registry: Arc<Mutex<WorkerRegistry>>,
+    metrics: Metrics,
+}
+
+impl Shared {
+    fn slots(&self) -> MutexGuard<'_, HashMap<TopicPartition, Slot>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn assign(&self, tpl: &TopicPartitionList) {
+        let mut slots = self.slots();
+        for e in tpl.elements() {
+            let tp = (e.topic().to_owned(), e.partition());
+            if slots.contains_key(&tp) {
+                continue;
+            }
+            let (tx, rx) = mpsc::channel(self.spec.max_in_flight.max(1));
+            let shared = Arc::new(PartitionShared::default());
+            let (topic, partition) = tp.clone();
+            let (max, registry, state) = (self.spec.max_in_flight, Arc::clone(&self.registry), Arc::clone(&shared));
+            let addr = PartitionConsumer::start_in_arbiter(&self.arbiter, move |_| {
+                PartitionConsumer::new(topic, partition, rx, max, state, registry)
+            });
+            slots.insert(tp, Slot { addr, tx, shared, stored: -1, stash: VecDeque::new(), paused: false });
+        }
+        info!(pipeline = %self.spec.name, partitions = tpl.count(), "Partitions assigned.");
+    }
+
+    /// Drains the given partitions (bounded by the drain timeout), stores their final
+    /// watermarks and commits, then releases them.
+    fn revoke(&self, consumer: &BaseConsumer<DriverContext>, partitions: &[TopicPartition]) {
+        let mut taken = Vec::new();
+        {
+            let mut slots = self.slots();
+            for tp in partitions {
+                if let Some(slot) = slots.remove(tp) {
+                    taken.push((tp.clone(), slot));
+                }
+            }
+        }
+        if taken.is_empty() {
+            return;
+        }
+        let deadline = Instant::now() + self.spec.drain_timeout;
+        let waits: Vec<_> = taken
+            .iter()
+            .map(|(_, slot)| {
+                let (done, wait) = std::sync::mpsc::channel();
+                slot.addr.do_send(Drain { done });
+                wait
+            })
+            .collect();
+        let mut undrained = 0;
+        for wait in waits {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if wait.recv_timeout(left).is_err() {
+                undrained += 1;
+            }
+        }
+        if undrained > 0 {
+            warn!(pipeline = %self.spec.name, undrained, "Drain timed out; unfinished records stay uncommitted and will be redelivered.");
+        }
+        for ((topic, partition), slot) in &taken {
+            let watermark = slot.shared.watermark.load(Ordering::Acquire);
+            if watermark > slot.stored {
+                if let Err(e) = consumer.store_offset(topic, *partition, watermark) {
+                    warn!(pipeline = %self.spec.name, topic, partition, error = %e, "Cannot store final offset.");
+                }
+            }
+            slot.addr.do_send(Release);
+            self.metrics.inflight.with_label_values(&[&self.spec.name, &partition.to_string()]).set(0);
+        }
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(()) => info!(pipeline = %self.spec.name, partitions = taken.len(), "Drained and committed partitions."),
+            // Nothing stored since the last commit is reported as an error by librdkafka.
+            Err(e) => debug!(pipeline = %self.spec.name, error = %e, "Commit on revoke."),
+        }
+    }
+}
+
+/// The consumer context: rebalance callbacks and statistics (lag).
+struct DriverContext {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for DriverContext {
+    fn stats(&self, stats: Statistics) {
+        let name = &self.shared.spec.name;
+        for (topic, t) in &stats.topics {
+            if !self.shared.spec.topics.contains(topic) {
+                continue;
+            }
+            for (id, p) in &t.partitions {
+                if *id >= 0 && p.consumer_lag >= 0 {
+                    self.shared.metrics.consumer_lag.with_label_values(&[name, &id.to_string()]).set(p.consumer_lag);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for DriverContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let partitions: Vec<TopicPartition> =
+                tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
+            info!(pipeline = %self.shared.spec.name, partitions = partitions.len(), "Partitions revoked; draining.");
+            self.shared.revoke(consumer, &partitions);
+        }
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => self.shared.assign(tpl),
+            Rebalance::Error(e) => error!(pipeline = %self.shared.spec.name, error = %e, "Rebalance error."),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _: &TopicPartitionList) {
+        if let Err(e) = result {
+            debug!(pipeline = %self.shared.spec.name, error = %e, "Offset commit failed; the next commit retries.");
+        }
+    }
+}
+
+enum Control {
+    Stop(std::sync::mpsc::Sender<()>),
+    Pause,
+    Resume,
+}
+
+/// A running pipeline. Stop it with [`Pipeline::stop`].
+pub struct Pipeline {
+    name: String,
+    control: std::sync::mpsc::Sender<Control>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stopping: Arc<AtomicBool>,
+}
+
+impl Pipeline {
+    /// Starts the pipeline: its driver thread subscribes and feeds partition actors that
+    /// run on `arbiter`. `stopping` is shared with the supervision's DLT writer.
+    ///
+    /// # Errors
+    /// When the consumer cannot be created or cannot subscribe.
+    pub fn start(
+        spec: PipelineSpec,
+        handler: Arc<dyn RecordHandler>,
+        supervision: Supervision,
+        stopping: Arc<AtomicBool>,
+        metrics: Metrics,
+        arbiter: ArbiterHandle,
+    ) -> KafkaResult<Self> {
+        let registry = Arc::new(Mutex::new(WorkerRegistry::new(
+            handler,
+            Arc::new(supervision),
+            spec.max_live_workers,
+            spec.idle_after,
+            spec.max_in_flight.max(16),
+        )));
+        let shared =
+            Arc::new(Shared { spec: spec.clone(), slots: Mutex::new(HashMap::new()), arbiter, registry, metrics });
+        let consumer: BaseConsumer<DriverContext> =
+            spec.consumer_config().create_with_context(DriverContext { shared: Arc::clone(&shared) })?;
+        let topics: Vec<&str> = spec.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        let (control, control_rx) = std::sync::mpsc::channel();
+        let name = spec.name.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("tally-{name}"))
+            .spawn(move || drive(&consumer, &shared, &control_rx))
+            .map_err(|e| rdkafka::error::KafkaError::ClientCreation(e.to_string()))?;
+        info!(pipeline = %name, group = %spec.group_id, topics = ?spec.topics, "Pipeline started.");
+        Ok(Self { name, control, thread: Some(thread), stopping })
+    }
+
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Stops fetching (records stay where they are).
+    pub fn pause(&self) {
+        let _ = self.control.send(Control::Pause);
+    }
+
+    pub fn resume(&self) {
+        let _ = self.control.send(Control::Resume);
+    }
+
+    /// Stops fetching, drains in-flight work (bounded), commits, and leaves the group.
+    pub async fn stop(mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        let (done, wait) = std::sync::mpsc::channel();
+        if self.control.send(Control::Stop(done)).is_ok() {
+            let _ = tokio::task::spawn_blocking(move || wait.recv()).await;
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        info!(pipeline = %self.name, "Pipeline stopped.");
+    }
+}
+
+fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: &std::sync::mpsc::Receiver<Control>) {
+    let name = shared.spec.name.clone();
+    let mut paused_all = false;
+    let mut last_gauges = Instant::now();
+    let mut last_passivation = Instant::now();
+    loop {
+        while let Ok(c) = control.try_recv() {
+            match c {
+                Control::Stop(done) => {
+                    info!(pipeline = %name, "Stopping: no more fetching; draining in-flight records.");
+                    let all: Vec<TopicPartition> = shared.slots().keys().cloned().collect();
+                    shared.revoke(consumer, &all);
+                    consumer.unsubscribe();
+                    let _ = done.send(());
+                    return;
+                }
+                Control::Pause => {
+                    if let Ok(tpl) = consumer.assignment() {
+                        let _ = consumer.pause(&tpl);
+                    }
+                    paused_all = true;
+                    info!(pipeline = %name, "Pipeline paused.");
+                }
+                Control::Resume => {
+                    paused_all = false;
+                    if let Ok(tpl) = consumer.assignment() {
+                        let _ = consumer.resume(&tpl);
+                    }
+                    info!(pipeline = %name, "Pipeline resumed.");
+                }
+            }
+        }
+        let stashed = shared.slots().values().any(|s| !s.stash.is_empty());
+        let timeout = if stashed { Duration::from_millis(5) } else { Duration::from_millis(100) };
+        match consumer.poll(timeout) {
+            Some(Ok(message)) => {
+                let record = Arc::new(Record::from_message(&message));
+                drop(message);
+                route(consumer, shared, record);
+            }
+            Some(Err(e)) => warn!(pipeline = %name, error = %e, "Consumer error."),
+            None => {}
+        }
+        if !paused_all {
+            flush_stashes(consumer, shared);
+        }
+        store_watermarks(consumer, shared);
+        if last_gauges.elapsed() >= Duration::from_millis(500) {
+            last_gauges = Instant::now();
+            publish_gauges(shared);
+        }
+        if last_passivation.elapsed() >= Duration::from_secs(5) {
+            last_passivation = Instant::now();
+            shared.registry.lock().unwrap_or_else(PoisonError::into_inner).passivate_idle();
+        }
+    }
+}
+
+fn tpl_of(topic: &str, partition: i32) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    tpl
+}
+
+fn route(consumer: &BaseConsumer<DriverContext>, shared: &Shared, record: Arc<Record>) {
+    let mut slots = shared.slots();
+    let tp = (record.topic.clone(), record.partition);
+    let Some(slot) = slots.get_mut(&tp) else {
+        // Not (or no longer) ours: it stays uncommitted and goes to the partition's owner.
+        return;
+    };
+    if !slot.stash.is_empty() {
+        slot.stash.push_back(record);
+        return;
+    }
+    match slot.tx.try_send(record) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Full(record)) => {
+            slot.stash.push_back(record);
+            if !slot.paused {
+                slot.paused = true;
+                if let Err(e) = consumer.pause(&tpl_of(&tp.0, tp.1)) {
+                    warn!(pipeline = %shared.spec.name, error = %e, "Cannot pause partition.");
+                }
+            }
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => {}
+    }
+}
+
+fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+    let mut slots = shared.slots();
+    for ((topic, partition), slot) in slots.iter_mut() {
+        while let Some(record) = slot.stash.pop_front() {
+            match slot.tx.try_send(record) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(record)) => {
+                    slot.stash.push_front(record);
+                    break;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => slot.stash.clear(),
+            }
+        }
+        if slot.stash.is_empty() && slot.paused {
+            slot.paused = false;
+            if let Err(e) = consumer.resume(&tpl_of(topic, *partition)) {
+                warn!(pipeline = %shared.spec.name, error = %e, "Cannot resume partition.");
+            }
+        }
+    }
+}
+
+fn store_watermarks(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+    let mut stored_any = false;
+    for ((topic, partition), slot) in shared.slots().iter_mut() {
+        let watermark = slot.shared.watermark.load(Ordering::Acquire);
+        if watermark > slot.stored {
+            match consumer.store_offset(topic, *partition, watermark) {
+                Ok(()) => {
+                    slot.stored = watermark;
+                    stored_any = true;
+                }
+                Err(e) => debug!(pipeline = %shared.spec.name, topic, partition, error = %e, "Cannot store offset."),
+            }
+        }
+    }
+    if stored_any && shared.spec.commit_each {
+        if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+            debug!(pipeline = %shared.spec.name, error = %e, "Commit failed.");
+        }
+    }
+}
+
+fn publish_gauges(shared: &Shared) {
+    let name = &shared.spec.name;
+    let mut oldest = 0_u64;
+    for ((_, partition), slot) in shared.slots().iter() {
+        let in_flight = slot.shared.in_flight.load(Ordering::Relaxed) + slot.stash.len();
+        shared.metrics.inflight.with_label_values(&[name, &partition.to_string()]).set(in_flight as i64);
+        oldest = oldest.max(slot.shared.oldest_age_ms.load(Ordering::Relaxed));
+    }
+    shared.metrics.oldest_inflight_age_seconds.with_label_values(&[name]).set(oldest as f64 / 1000.0);
+    let live = shared.registry.lock().unwrap_or_else(PoisonError::into_inner).live();
+    shared.metrics.live_actors.with_label_values(&[name]).set(live as i64);
+}

@@ -1,0 +1,170 @@
+//! `SettlementBatcher`: group commit. Account ledgers hand it their next transfer and await
+//! the outcome; it gathers requests from many accounts and settles them in one database
+//! transaction ([`settle_batch`]). A batch starts at once when no transaction is running,
+//! otherwise requests gather until a slot frees (or the batch is full), so batches grow with
+//! load. A failing batch is split in halves and retried, down to single transfers, so one
+//! bad transfer cannot sink the others; connection-level failures fail the whole batch at
+//! once (every transfer is retried by its own account's policy).
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use tokio::sync::oneshot;
+
+use super::settle::{settle_batch, settle_one_seed_style, LedgerTopics, SettleOutcome, SettleRequest};
+use crate::db::PgPool;
+use crate::metrics::Metrics;
+
+/// Why a transfer was not settled; always transient (the record is retried).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("settlement failed: {0}")]
+pub struct SettleError(pub String);
+
+/// How transfers are settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettlementMode {
+    /// Group commit, set-based SQL.
+    Batched,
+    /// One transaction per transfer with the seed's statement sequence (the baseline).
+    Seed,
+}
+
+pub struct SettlementBatcher {
+    pool: PgPool,
+    topics: LedgerTopics,
+    metrics: Metrics,
+    mode: SettlementMode,
+    max_batch: usize,
+    max_concurrent: usize,
+    linger: Duration,
+    pending: Vec<(SettleRequest, oneshot::Sender<Result<SettleOutcome, SettleError>>)>,
+    running: usize,
+    flush_scheduled: bool,
+}
+
+impl SettlementBatcher {
+    #[must_use]
+    pub fn new(
+        pool: PgPool,
+        topics: LedgerTopics,
+        metrics: Metrics,
+        mode: SettlementMode,
+        max_batch: usize,
+        max_concurrent: usize,
+        linger: Duration,
+    ) -> Self {
+        Self {
+            pool,
+            topics,
+            metrics,
+            mode,
+            max_batch: max_batch.max(1),
+            max_concurrent: max_concurrent.max(1),
+            linger,
+            pending: Vec::new(),
+            running: 0,
+            flush_scheduled: false,
+        }
+    }
+
+    fn flush(&mut self, ctx: &mut Context<Self>) {
+        while self.running < self.max_concurrent && !self.pending.is_empty() {
+            let take = self.pending.len().min(if self.mode == SettlementMode::Seed { 1 } else { self.max_batch });
+            let batch: Vec<_> = self.pending.drain(..take).collect();
+            self.running += 1;
+            let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            self.metrics.settlement_batch_size.observe(requests.len() as f64);
+            let (pool, topics, mode) = (self.pool.clone(), self.topics.clone(), self.mode);
+            let work = async move {
+                let results = settle_with_split(pool, topics, mode, requests).await;
+                for (reply, result) in replies.into_iter().zip(results) {
+                    let _ = reply.send(result);
+                }
+            };
+            ctx.spawn(work.into_actor(self).map(|(), act, ctx| {
+                act.running -= 1;
+                act.flush(ctx);
+            }));
+        }
+    }
+}
+
+impl Actor for SettlementBatcher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        // Every account ledger has at most one transfer in flight: the mailbox holds at
+        // most one request per live account actor.
+        ctx.set_mailbox_capacity(100_000);
+    }
+}
+
+/// Settle one transfer as part of the next batch.
+#[derive(Message)]
+#[rtype(result = "Result<SettleOutcome, SettleError>")]
+pub struct Settle(pub SettleRequest);
+
+impl Handler<Settle> for SettlementBatcher {
+    type Result = ResponseFuture<Result<SettleOutcome, SettleError>>;
+
+    fn handle(&mut self, msg: Settle, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.pending.push((msg.0, tx));
+        if self.running == 0 || self.pending.len() >= self.max_batch {
+            self.flush(ctx);
+        } else if !self.flush_scheduled {
+            self.flush_scheduled = true;
+            ctx.run_later(self.linger, |act, ctx| {
+                act.flush_scheduled = false;
+                act.flush(ctx);
+            });
+        }
+        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(SettleError("settlement batcher stopped".into()))) })
+    }
+}
+
+fn settle_with_split(
+    pool: PgPool,
+    topics: LedgerTopics,
+    mode: SettlementMode,
+    requests: Vec<SettleRequest>,
+) -> BoxFuture<'static, Vec<Result<SettleOutcome, SettleError>>> {
+    async move {
+        let fail_all = |msg: String, n: usize| vec![Err(SettleError(msg)); n];
+        let mut conn = match pool.get().await {
+            Ok(c) => c,
+            Err(e) => return fail_all(format!("no database connection: {e}"), requests.len()),
+        };
+        let result = match mode {
+            SettlementMode::Batched => settle_batch(&mut conn, &topics, &requests).await,
+            SettlementMode::Seed => match requests.first() {
+                Some(req) => settle_one_seed_style(&mut conn, &topics, req).await.map(|o| vec![o]),
+                None => Ok(Vec::new()),
+            },
+        };
+        drop(conn);
+        match result {
+            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+            Err(e) if requests.len() == 1 || connection_level(&e) => fail_all(e.to_string(), requests.len()),
+            Err(_) => {
+                let mut left = requests;
+                let right = left.split_off(left.len() / 2);
+                let mut results = settle_with_split(pool.clone(), topics.clone(), mode, left).await;
+                results.extend(settle_with_split(pool, topics, mode, right).await);
+                results
+            }
+        }
+    }
+    .boxed()
+}
+
+fn connection_level(e: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+    matches!(
+        e,
+        Error::DatabaseError(DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand, _)
+            | Error::BrokenTransactionManager
+    )
+}

@@ -1,0 +1,106 @@
+//! The ledger pipeline (seed 001 §6): `transfers.analyzed` -> per-account ledgers ->
+//! group-committed settlement -> outbox (`transfers.settled` / `transfers.rejected`).
+
+mod batcher;
+pub mod check;
+mod settle;
+
+use std::sync::Arc;
+
+use actix::Addr;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use tally_schema::events::TransferAnalyzed;
+use tally_schema::{headers, AccountId, Currency};
+
+pub use batcher::{Settle, SettleError, SettlementBatcher, SettlementMode};
+pub use settle::{
+    reason, settle_batch, settle_one_seed_style, LedgerTopics, SettleOutcome, SettleRequest, REJECTED_KIND,
+    SETTLED_KIND,
+};
+
+use crate::consume::Record;
+use crate::supervise::{HandlerError, RecordHandler};
+
+/// The per-account ledger logic run by each account's keyed worker: decode the
+/// `TransferAnalyzed` (poison when it cannot be), then settle it through the batcher.
+pub struct AccountLedger {
+    batcher: Addr<SettlementBatcher>,
+}
+
+impl AccountLedger {
+    #[must_use]
+    pub fn new(batcher: Addr<SettlementBatcher>) -> Self {
+        Self { batcher }
+    }
+}
+
+/// Decodes and validates a `TransferAnalyzed` record.
+///
+/// # Errors
+/// A poison [`HandlerError`] naming what is wrong.
+pub fn decode_analyzed(record: &Record) -> Result<SettleRequest, HandlerError> {
+    let payload = record.payload.as_deref().ok_or_else(|| HandlerError::poison("record has no value"))?;
+    let transfer: TransferAnalyzed = serde_json::from_slice(payload)
+        .map_err(|e| HandlerError::poison(format!("undecodable TransferAnalyzed: {e}")))?;
+    AccountId::parse("sourceAccount", &transfer.source_account)
+        .and_then(|_| AccountId::parse("destinationAccount", &transfer.destination_account))
+        .and_then(|_| Currency::parse("currency", &transfer.currency))
+        .map_err(|e| HandlerError::poison(format!("invalid TransferAnalyzed: {e}")))?;
+    if transfer.amount_cents <= 0 {
+        return Err(HandlerError::poison("invalid TransferAnalyzed: amountCents must be positive"));
+    }
+    if transfer.source_account == transfer.destination_account {
+        return Err(HandlerError::poison("invalid TransferAnalyzed: source and destination are the same account"));
+    }
+    Ok(SettleRequest { transfer, traceparent: record.header_str(headers::TRACEPARENT).map(str::to_owned) })
+}
+
+impl RecordHandler for AccountLedger {
+    fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
+        let batcher = self.batcher.clone();
+        async move {
+            let request = decode_analyzed(&record)?;
+            match batcher.send(Settle(request)).await {
+                Ok(Ok(outcome)) => Ok(outcome.label()),
+                Ok(Err(e)) => Err(HandlerError::transient(e.to_string())),
+                Err(e) => Err(HandlerError::transient(format!("settlement batcher unavailable: {e}"))),
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(payload: &str) -> Record {
+        Record {
+            topic: "transfers.analyzed".into(),
+            partition: 0,
+            offset: 0,
+            key: Some(b"A".to_vec()),
+            payload: Some(payload.as_bytes().to_vec()),
+            headers: vec![],
+            timestamp: None,
+        }
+    }
+
+    #[test]
+    fn poison_records_are_classified() {
+        use crate::supervise::ErrorClass;
+        let ok = r#"{"eventId":"00000000-0000-0000-0000-000000000001","transferId":"00000000-0000-0000-0000-000000000002","sourceAccount":"A","destinationAccount":"B","amountCents":5,"currency":"BRL","score":1,"analyzedAt":"2026-01-01T00:00:00Z"}"#;
+        assert!(decode_analyzed(&record(ok)).is_ok());
+        for bad in [
+            "{not json",
+            r#"{"eventId":"00000000-0000-0000-0000-000000000001"}"#,
+            &ok.replace("\"amountCents\":5", "\"amountCents\":0"),
+            &ok.replace("\"BRL\"", "\"brl\""),
+            &ok.replace("\"destinationAccount\":\"B\"", "\"destinationAccount\":\"A\""),
+        ] {
+            let err = decode_analyzed(&record(bad)).expect_err(bad);
+            assert_eq!(err.class, ErrorClass::Poison, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! Settlement (seed 001 §6, `LiquidacaoService`), set-based: one database transaction
+//! settles a batch of transfers with the same effects as settling them one by one in batch
+//! order.
+//!
+//! 1. Inbox: `INSERT INTO processed_transfers ... ON CONFLICT (transfer_id) DO NOTHING
+//!    RETURNING transfer_id`; a transfer whose row was not inserted is a duplicate and has
+//!    no effect.
+//! 2. Lock every account involved, `ORDER BY id FOR UPDATE`: every transaction locks in the
+//!    same global order, so concurrent batches (and A->B against B->A) cannot deadlock.
+//! 3. Rules in memory, in batch order, on running balances, so two transfers of one batch
+//!    touching the same account see each other's effect: ACCOUNT_NOT_FOUND,
+//!    CURRENCY_MISMATCH, INSUFFICIENT_FUNDS are committed rejections, not errors.
+//! 4. Set-based writes: postings (D and C), balances, outcomes, outbox events.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::Utc;
+use diesel::sql_types::{Array, BigInt, Nullable, Text};
+use diesel::QueryableByName;
+use diesel_async::scoped_futures::ScopedFutureExt;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRejected, TransferSettled};
+use tally_schema::EventType;
+use uuid::Uuid;
+
+/// Rejection reasons (DESIGN.md glossary).
+pub mod reason {
+    pub const ACCOUNT_NOT_FOUND: &str = "ACCOUNT_NOT_FOUND";
+    pub const CURRENCY_MISMATCH: &str = "CURRENCY_MISMATCH";
+    pub const INSUFFICIENT_FUNDS: &str = "INSUFFICIENT_FUNDS";
+}
+
+/// Kinds of the derived event ids.
+pub const SETTLED_KIND: &str = "settled";
+pub const REJECTED_KIND: &str = "rejected";
+
+/// A transfer to settle, with the trace context of the record that carried it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettleRequest {
+    pub transfer: TransferAnalyzed,
+    pub traceparent: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleOutcome {
+    Settled,
+    Rejected(&'static str),
+    Duplicate,
+}
+
+impl SettleOutcome {
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Settled => "settled",
+            Self::Rejected(_) => "rejected",
+            Self::Duplicate => "duplicate",
+        }
+    }
+}
+
+/// Output topics of the ledger.
+#[derive(Debug, Clone)]
+pub struct LedgerTopics {
+    pub settled: String,
+    pub rejected: String,
+}
+
+#[derive(QueryableByName)]
+struct InsertedId {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    transfer_id: Uuid,
+}
+
+#[derive(QueryableByName, Clone)]
+struct LockedAccount {
+    #[diesel(sql_type = Text)]
+    id: String,
+    #[diesel(sql_type = BigInt)]
+    balance_cents: i64,
+    #[diesel(sql_type = Text)]
+    currency: String,
+}
+
+/// The effects of a batch, computed in memory before they are written.
+#[derive(Debug, Default)]
+struct Effects {
+    posting_transfer: Vec<Uuid>,
+    posting_account: Vec<String>,
+    posting_kind: Vec<String>,
+    posting_amount: Vec<i64>,
+    outcome_id: Vec<Uuid>,
+    outcome: Vec<String>,
+    outcome_reason: Vec<Option<String>>,
+    outbox_id: Vec<Uuid>,
+    outbox_topic: Vec<String>,
+    outbox_key: Vec<String>,
+    outbox_type: Vec<String>,
+    outbox_payload: Vec<String>,
+    outbox_trace: Vec<Option<String>>,
+}
+
+impl Effects {
+    fn settle(&mut self, topics: &LedgerTopics, req: &SettleRequest) -> Result<(), serde_json::Error> {
+        let t = &req.transfer;
+        for (account, kind) in [(&t.source_account, "D"), (&t.destination_account, "C")] {
+            self.posting_transfer.push(t.transfer_id);
+            self.posting_account.push(account.clone());
+            self.posting_kind.push(kind.into());
+            self.posting_amount.push(t.amount_cents);
+        }
+        self.outcome_id.push(t.transfer_id);
+        self.outcome.push("SETTLED".into());
+        self.outcome_reason.push(None);
+        let event = TransferSettled {
+            event_id: derived_event_id(SETTLED_KIND, t.transfer_id),
+            transfer_id: t.transfer_id,
+            settled_at: Utc::now(),
+        };
+        self.event(&topics.settled, req, event.event_id, EventType::TransferSettled, serde_json::to_string(&event)?);
+        Ok(())
+    }
+
+    fn reject(&mut self, topics: &LedgerTopics, req: &SettleRequest, reason: &str) -> Result<(), serde_json::Error> {
+        let t = &req.transfer;
+        self.outcome_id.push(t.transfer_id);
+        self.outcome.push("REJECTED".into());
+        self.outcome_reason.push(Some(reason.into()));
+        let event = TransferRejected {
+            event_id: derived_event_id(REJECTED_KIND, t.transfer_id),
+            transfer_id: t.transfer_id,
+            reason: reason.into(),
+            rejected_at: Utc::now(),
+        };
+        self.event(&topics.rejected, req, event.event_id, EventType::TransferRejected, serde_json::to_string(&event)?);
+        Ok(())
+    }
+
+    fn event(&mut self, topic: &str, req: &SettleRequest, id: Uuid, kind: EventType, payload: String) {
+        self.outbox_id.push(id);
+        self.outbox_topic.push(topic.into());
+        self.outbox_key.push(req.transfer.source_account.clone());
+        self.outbox_type.push(kind.as_str().into());
+        self.outbox_payload.push(payload);
+        self.outbox_trace.push(req.traceparent.clone());
+    }
+}
+
+/// The business rules on running balances (plain logic, unit-tested).
+fn decide(accounts: &HashMap<String, LockedAccount>, t: &TransferAnalyzed) -> Result<(), &'static str> {
+    let (Some(source), Some(destination)) = (accounts.get(&t.source_account), accounts.get(&t.destination_account))
+    else {
+        return Err(reason::ACCOUNT_NOT_FOUND);
+    };
+    if source.currency != t.currency || destination.currency != t.currency {
+        return Err(reason::CURRENCY_MISMATCH);
+    }
+    if source.balance_cents < t.amount_cents {
+        return Err(reason::INSUFFICIENT_FUNDS);
+    }
+    Ok(())
+}
+
+/// Settles `batch` in one transaction. The outcomes are in batch order.
+///
+/// # Errors
+/// Any database error; the transaction is rolled back and nothing is written.
+pub async fn settle_batch(
+    conn: &mut AsyncPgConnection,
+    topics: &LedgerTopics,
+    batch: &[SettleRequest],
+) -> Result<Vec<SettleOutcome>, diesel::result::Error> {
+    conn.transaction(|conn| {
+        async move {
+            // Inbox rows for the distinct transfer ids of the batch.
+            let mut seen = HashSet::new();
+            let ids: Vec<Uuid> = batch.iter().map(|r| r.transfer.transfer_id).filter(|id| seen.insert(*id)).collect();
+            let fresh: HashSet<Uuid> = diesel::sql_query(
+                "INSERT INTO processed_transfers (transfer_id, outcome) \
+                 SELECT id, 'PROCESSING' FROM unnest($1::uuid[]) AS id \
+                 ON CONFLICT (transfer_id) DO NOTHING RETURNING transfer_id",
+            )
+            .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
+            .load::<InsertedId>(conn)
+            .await?
+            .into_iter()
+            .map(|r| r.transfer_id)
+            .collect();
+
+            let mut account_ids: Vec<String> = batch
+                .iter()
+                .filter(|r| fresh.contains(&r.transfer.transfer_id))
+                .flat_map(|r| [r.transfer.source_account.clone(), r.transfer.destination_account.clone()])
+                .collect();
+            account_ids.sort_unstable();
+            account_ids.dedup();
+            let mut accounts: HashMap<String, LockedAccount> = if account_ids.is_empty() {
+                HashMap::new()
+            } else {
+                diesel::sql_query(
+                    "SELECT id::text AS id, balance_cents, currency::text AS currency FROM accounts \
+                     WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                )
+                .bind::<Array<Text>, _>(&account_ids)
+                .load::<LockedAccount>(conn)
+                .await?
+                .into_iter()
+                .map(|a| (a.id.clone(), a))
+                .collect()
+            };
+            let opening: HashMap<String, i64> = accounts.iter().map(|(k, a)| (k.clone(), a.balance_cents)).collect();
+
+            let mut effects = Effects::default();
+            let mut outcomes = Vec::with_capacity(batch.len());
+            let mut settled_once = HashSet::new();
+            let to_db = |e: serde_json::Error| diesel::result::Error::SerializationError(Box::new(e));
+            for req in batch {
+                let t = &req.transfer;
+                if !fresh.contains(&t.transfer_id) || !settled_once.insert(t.transfer_id) {
+                    outcomes.push(SettleOutcome::Duplicate);
+                    continue;
+                }
+                match decide(&accounts, t) {
+                    Ok(()) => {
+                        if let Some(a) = accounts.get_mut(&t.source_account) {
+                            a.balance_cents -= t.amount_cents;
+                        }
+                        if let Some(a) = accounts.get_mut(&t.destination_account) {
+                            a.balance_cents += t.amount_cents;
+                        }
+                        effects.settle(topics, req).map_err(to_db)?;
+                        outcomes.push(SettleOutcome::Settled);
+                    }
+                    Err(reason) => {
+                        effects.reject(topics, req, reason).map_err(to_db)?;
+                        outcomes.push(SettleOutcome::Rejected(reason));
+                    }
+                }
+            }
+            write_effects(conn, &effects, &accounts, &opening).await?;
+            Ok(outcomes)
+        }
+        .scope_boxed()
+    })
+    .await
+}
+
+async fn write_effects(
+    conn: &mut AsyncPgConnection,
+    effects: &Effects,
+    accounts: &HashMap<String, LockedAccount>,
+    opening: &HashMap<String, i64>,
+) -> Result<(), diesel::result::Error> {
+    write_postings_and_balances(conn, effects, accounts, opening).await?;
+    write_outcomes_and_events(conn, effects).await
+}
+
+async fn write_postings_and_balances(
+    conn: &mut AsyncPgConnection,
+    effects: &Effects,
+    accounts: &HashMap<String, LockedAccount>,
+    opening: &HashMap<String, i64>,
+) -> Result<(), diesel::result::Error> {
+    if !effects.posting_transfer.is_empty() {
+        diesel::sql_query(
+            "INSERT INTO postings (transfer_id, account_id, kind, amount_cents) \
+             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[])",
+        )
+        .bind::<Array<diesel::sql_types::Uuid>, _>(&effects.posting_transfer)
+        .bind::<Array<Text>, _>(&effects.posting_account)
+        .bind::<Array<Text>, _>(&effects.posting_kind)
+        .bind::<Array<BigInt>, _>(&effects.posting_amount)
+        .execute(conn)
+        .await?;
+        let (ids, balances): (Vec<String>, Vec<i64>) = accounts
+            .values()
+            .filter(|a| opening.get(&a.id) != Some(&a.balance_cents))
+            .map(|a| (a.id.clone(), a.balance_cents))
+            .unzip();
+        diesel::sql_query(
+            "UPDATE accounts AS a SET balance_cents = v.balance \
+             FROM unnest($1::text[], $2::bigint[]) AS v(id, balance) WHERE a.id = v.id",
+        )
+        .bind::<Array<Text>, _>(&ids)
+        .bind::<Array<BigInt>, _>(&balances)
+        .execute(conn)
+        .await?;
+    }
+    Ok(())
+}
+
+async fn write_outcomes_and_events(
+    conn: &mut AsyncPgConnection,
+    effects: &Effects,
+) -> Result<(), diesel::result::Error> {
+    if !effects.outcome_id.is_empty() {
+        diesel::sql_query(
+            "UPDATE processed_transfers AS p SET outcome = v.outcome, reason = v.reason \
+             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, outcome, reason) \
+             WHERE p.transfer_id = v.id",
+        )
+        .bind::<Array<diesel::sql_types::Uuid>, _>(&effects.outcome_id)
+        .bind::<Array<Text>, _>(&effects.outcome)
+        .bind::<Array<Nullable<Text>>, _>(&effects.outcome_reason)
+        .execute(conn)
+        .await?;
+        diesel::sql_query(
+            "INSERT INTO outbox_events (id, topic, key, event_type, payload, traceparent) \
+             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])",
+        )
+        .bind::<Array<diesel::sql_types::Uuid>, _>(&effects.outbox_id)
+        .bind::<Array<Text>, _>(&effects.outbox_topic)
+        .bind::<Array<Text>, _>(&effects.outbox_key)
+        .bind::<Array<Text>, _>(&effects.outbox_type)
+        .bind::<Array<Text>, _>(&effects.outbox_payload)
+        .bind::<Array<Nullable<Text>>, _>(&effects.outbox_trace)
+        .execute(conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// The seed's statement sequence for one transfer, one transaction per transfer (the
+/// baseline of `make bench`; `ledger.mode = "seed"`).
+///
+/// # Errors
+/// Any database error; the transaction is rolled back.
+pub async fn settle_one_seed_style(
+    conn: &mut AsyncPgConnection,
+    topics: &LedgerTopics,
+    req: &SettleRequest,
+) -> Result<SettleOutcome, diesel::result::Error> {
+    conn.transaction(|conn| {
+        async move {
+            let t = &req.transfer;
+            let inserted = diesel::sql_query(
+                "INSERT INTO processed_transfers (transfer_id, outcome) VALUES ($1, 'PROCESSING') \
+                 ON CONFLICT (transfer_id) DO NOTHING",
+            )
+            .bind::<diesel::sql_types::Uuid, _>(t.transfer_id)
+            .execute(conn)
+            .await?;
+            if inserted == 0 {
+                return Ok(SettleOutcome::Duplicate);
+            }
+            let accounts: HashMap<String, LockedAccount> = diesel::sql_query(
+                "SELECT id::text AS id, balance_cents, currency::text AS currency FROM accounts \
+                 WHERE id IN ($1, $2) ORDER BY id FOR UPDATE",
+            )
+            .bind::<Text, _>(&t.source_account)
+            .bind::<Text, _>(&t.destination_account)
+            .load::<LockedAccount>(conn)
+            .await?
+            .into_iter()
+            .map(|a| (a.id.clone(), a))
+            .collect();
+            let to_db = |e: serde_json::Error| diesel::result::Error::SerializationError(Box::new(e));
+            let mut effects = Effects::default();
+            let outcome = match decide(&accounts, t) {
+                Err(reason) => {
+                    effects.reject(topics, req, reason).map_err(to_db)?;
+                    SettleOutcome::Rejected(reason)
+                }
+                Ok(()) => {
+                    for (account, kind, delta) in
+                        [(&t.source_account, "D", -t.amount_cents), (&t.destination_account, "C", t.amount_cents)]
+                    {
+                        diesel::sql_query("UPDATE accounts SET balance_cents = balance_cents + $1 WHERE id = $2")
+                            .bind::<BigInt, _>(delta)
+                            .bind::<Text, _>(account)
+                            .execute(conn)
+                            .await?;
+                        diesel::sql_query(
+                            "INSERT INTO postings (transfer_id, account_id, kind, amount_cents) VALUES ($1, $2, $3, $4)",
+                        )
+                        .bind::<diesel::sql_types::Uuid, _>(t.transfer_id)
+                        .bind::<Text, _>(account)
+                        .bind::<Text, _>(kind)
+                        .bind::<BigInt, _>(t.amount_cents)
+                        .execute(conn)
+                        .await?;
+                    }
+                    effects.settle(topics, req).map_err(to_db)?;
+                    SettleOutcome::Settled
+                }
+            };
+            // The postings and balances were written one by one above, as the seed does.
+            write_outcomes_and_events(conn, &effects).await?;
+            Ok(outcome)
+        }
+        .scope_boxed()
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn account(id: &str, balance: i64, currency: &str) -> (String, LockedAccount) {
+        (id.into(), LockedAccount { id: id.into(), balance_cents: balance, currency: currency.into() })
+    }
+
+    fn transfer(from: &str, to: &str, amount: i64, currency: &str) -> TransferAnalyzed {
+        TransferAnalyzed {
+            event_id: Uuid::new_v4(),
+            transfer_id: Uuid::new_v4(),
+            source_account: from.into(),
+            destination_account: to.into(),
+            amount_cents: amount,
+            currency: currency.into(),
+            score: 10,
+            analyzed_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn rules_in_seed_order() {
+        let accounts: HashMap<_, _> = [account("A", 100, "BRL"), account("B", 0, "BRL"), account("U", 0, "USD")].into();
+        assert_eq!(decide(&accounts, &transfer("A", "B", 100, "BRL")), Ok(()));
+        assert_eq!(decide(&accounts, &transfer("A", "X", 1, "BRL")), Err(reason::ACCOUNT_NOT_FOUND));
+        assert_eq!(decide(&accounts, &transfer("X", "B", 1, "BRL")), Err(reason::ACCOUNT_NOT_FOUND));
+        assert_eq!(decide(&accounts, &transfer("A", "U", 1, "BRL")), Err(reason::CURRENCY_MISMATCH));
+        assert_eq!(decide(&accounts, &transfer("A", "B", 1, "USD")), Err(reason::CURRENCY_MISMATCH));
+        assert_eq!(decide(&accounts, &transfer("A", "B", 101, "BRL")), Err(reason::INSUFFICIENT_FUNDS));
+    }
+}

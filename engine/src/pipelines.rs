@@ -1,0 +1,111 @@
+//! Builds the configured consumer pipelines from the shared machinery of `tally-actors`.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use anyhow::Context;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::FutureProducer;
+use tally_actors::consume::{Pipeline, PipelineSpec};
+use tally_actors::db::PgPool;
+use tally_actors::ledger::{AccountLedger, LedgerTopics, SettlementBatcher, SettlementMode};
+use tally_actors::supervise::{DeadLetters, RetryPolicy, Supervision};
+use tally_actors::Metrics;
+
+use crate::config::{Config, LedgerMode, RetryConfig};
+
+/// What every pipeline needs from the daemon.
+pub struct Shared<'a> {
+    pub config: &'a Config,
+    pub bootstrap: &'a str,
+    pub pool: PgPool,
+    pub metrics: Metrics,
+    /// Producer for dead-letter writes (idempotent, acks=all).
+    pub dlt_producer: FutureProducer,
+}
+
+impl RetryConfig {
+    #[must_use]
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_retries: self.max_retries,
+            initial: Duration::from_millis(self.initial_ms),
+            multiplier: self.multiplier,
+            max: Duration::from_millis(self.max_ms),
+        }
+    }
+}
+
+impl Shared<'_> {
+    fn spec(&self, name: &str, group_id: &str, topics: Vec<String>) -> PipelineSpec {
+        let mut client = ClientConfig::new();
+        client.set("bootstrap.servers", self.bootstrap).set("client.id", format!("tally-{name}"));
+        for (k, v) in &self.config.kafka.consumer {
+            client.set(k, v);
+        }
+        let c = &self.config.consumer;
+        PipelineSpec {
+            name: name.into(),
+            group_id: group_id.into(),
+            topics,
+            client,
+            max_in_flight: c.max_in_flight,
+            max_live_workers: c.max_live_workers,
+            idle_after: Duration::from_secs(c.idle_after_secs),
+            drain_timeout: Duration::from_millis(c.drain_timeout_ms),
+            commit_each: false,
+        }
+    }
+
+    fn supervision(&self, name: &str, group_id: &str, retry: &RetryConfig, stopping: &Arc<AtomicBool>) -> Supervision {
+        Supervision {
+            pipeline: name.into(),
+            policy: retry.policy(),
+            dead_letters: DeadLetters::new(
+                self.dlt_producer.clone(),
+                group_id.into(),
+                self.metrics.clone(),
+                Arc::clone(stopping),
+            ),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// The ledger: `transfers.analyzed` -> account ledgers -> settlement batcher.
+    ///
+    /// # Errors
+    /// When the consumer cannot be created.
+    pub fn start_ledger(&self) -> anyhow::Result<Pipeline> {
+        let cfg = &self.config.ledger;
+        let topics = &self.config.kafka.topics;
+        let seed = cfg.mode == LedgerMode::Seed;
+        let batcher = SettlementBatcher::new(
+            self.pool.clone(),
+            LedgerTopics { settled: topics.transfers_settled.clone(), rejected: topics.transfers_rejected.clone() },
+            self.metrics.clone(),
+            if seed { SettlementMode::Seed } else { SettlementMode::Batched },
+            cfg.batch_size,
+            if seed { self.config.database.pool_size } else { cfg.max_concurrent_batches },
+            Duration::from_millis(cfg.linger_ms),
+        )
+        .start();
+        let mut spec = self.spec("ledger", &cfg.group_id, vec![topics.transfers_analyzed.clone()]);
+        if seed {
+            spec.max_in_flight = 1;
+            spec.commit_each = true;
+        }
+        let stopping = Arc::new(AtomicBool::new(false));
+        let supervision = self.supervision("ledger", &cfg.group_id, &cfg.retry, &stopping);
+        Pipeline::start(
+            spec,
+            Arc::new(AccountLedger::new(batcher)),
+            supervision,
+            stopping,
+            self.metrics.clone(),
+            Arbiter::current(),
+        )
+        .context("cannot start the ledger pipeline")
+    }
+}
