@@ -11,6 +11,9 @@
 //!   after a deadline), never with a fixed sleep used as an assertion.
 //! - The broker is librdkafka's mock cluster (DESIGN.md §9); tests say so in a comment.
 //!
+//! Harness functions panic (with a message) instead of returning errors: a failing set-up
+//! is a failing test, and the panic message is the report. Hence `expect` is allowed here.
+//!
 //! ```no_run
 //! # async fn demo() {
 //! use tally_integration_tests::{spawn_app, wait_until, Deadline};
@@ -21,6 +24,8 @@
 //! # drop((env, app, n));
 //! # }
 //! ```
+
+#![allow(clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -63,8 +68,7 @@ pub fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         if let Ok(level) = std::env::var("RUST_LOG") {
-            let mut log = tally_engine::config::LogConfig::default();
-            log.level = level;
+            let log = tally_engine::config::LogConfig { level, ..Default::default() };
             tally_engine::telemetry::init(&log);
         }
     });
