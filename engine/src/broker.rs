@@ -93,12 +93,36 @@ impl EmbeddedBroker {
     /// # Errors
     /// When the mock refuses the topic (e.g. a replication factor above the broker count).
     pub fn create_topic(&self, topic: &str, partitions: i32, replication_factor: i32) -> anyhow::Result<()> {
+        let err = self.topic_create(topic, partitions, replication_factor)?;
+        check(err).with_context(|| format!("cannot create topic {topic}"))
+    }
+
+    fn topic_create(&self, topic: &str, partitions: i32, replication_factor: i32) -> anyhow::Result<RDKafkaRespErr> {
         let name = CString::new(topic).context("topic name contains NUL")?;
         // SAFETY: live cluster, NUL-terminated name that outlives the call.
-        let err = unsafe {
+        Ok(unsafe {
             rdsys::rd_kafka_mock_topic_create(self.cluster.as_ptr(), name.as_ptr(), partitions, replication_factor)
-        };
-        check(err).with_context(|| format!("cannot create topic {topic}"))
+        })
+    }
+
+    /// Creates `topic` unless it exists; returns whether it was created. Existing topics are
+    /// left as they are (a daemon restarted on a broker that outlived it, or a second daemon
+    /// on a shared broker).
+    ///
+    /// # Errors
+    /// When the mock refuses the topic for another reason.
+    pub fn create_topic_if_missing(
+        &self,
+        topic: &str,
+        partitions: i32,
+        replication_factor: i32,
+    ) -> anyhow::Result<bool> {
+        let err = self.topic_create(topic, partitions, replication_factor)?;
+        if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS {
+            return Ok(false);
+        }
+        check(err).with_context(|| format!("cannot create topic {topic}"))?;
+        Ok(true)
     }
 
     /// Takes broker `id` down (connections closed, requests refused) until [`Self::broker_up`].

@@ -55,7 +55,7 @@ impl fmt::Debug for Secret {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub database: DatabaseConfig,
@@ -202,21 +202,6 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// A `tracing` filter directive, e.g. `info,tally=debug`.
     pub level: String,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            database: DatabaseConfig::default(),
-            kafka: KafkaConfig::default(),
-            http: HttpConfig::default(),
-            outbox: OutboxConfig::default(),
-            pipelines: PipelinesConfig::default(),
-            consumer: ConsumerConfig::default(),
-            ledger: LedgerConfig::default(),
-            log: LogConfig::default(),
-        }
-    }
 }
 
 impl Default for DatabaseConfig {

@@ -44,10 +44,18 @@ pub async fn create_topics(
 ) -> anyhow::Result<()> {
     let topics = kafka.topics.all();
     if let Some(broker) = embedded {
+        let mut created = 0;
         for topic in &topics {
-            broker.create_topic(topic, kafka.partitions, kafka.replication_factor)?;
+            if broker.create_topic_if_missing(topic, kafka.partitions, kafka.replication_factor)? {
+                created += 1;
+            }
         }
-        info!(count = topics.len(), partitions = kafka.partitions, "Created topics on the embedded broker.");
+        info!(
+            created,
+            existing = topics.len() - created,
+            partitions = kafka.partitions,
+            "Topics ready on the embedded broker."
+        );
         return Ok(());
     }
     let mut config = ClientConfig::new();

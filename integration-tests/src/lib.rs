@@ -1,1 +1,657 @@
-//! Integration tests.
+//! The black-box test harness of tally: a fresh PostgreSQL database per test
+//! ([`TestDb`]), an embedded Kafka broker that outlives daemon restarts ([`TestEnv`]),
+//! whole daemons started on port 0 ([`TestApp`]), Kafka topic readers ([`read_topic`]) and
+//! deadline-bounded waits ([`wait_until`]). Test binaries live in `tests/`; nothing else
+//! depends on this crate.
+//!
+//! Conventions every test follows:
+//! - Each test owns its database and its broker, so default topic names never collide
+//!   between tests running in parallel.
+//! - Waiting is done with [`wait_until`] (poll every 50 ms, fail with the last observation
+//!   after a deadline), never with a fixed sleep used as an assertion.
+//! - The broker is librdkafka's mock cluster (DESIGN.md §9); tests say so in a comment.
+//!
+//! Harness functions panic (with a message) instead of returning errors: a failing set-up
+//! is a failing test, and the panic message is the report. Hence `expect` is allowed here.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use tally_integration_tests::{spawn_app, wait_until, Deadline};
+//! let (env, app) = spawn_app(|c| c.outbox.batch_size = 10).await;
+//! let res = app.post_json("/transfers", &serde_json::json!({})).await;
+//! assert_eq!(res.status(), 400);
+//! let n = wait_until("nothing", Deadline::DEFAULT, || async { Ok::<_, String>(()) }).await;
+//! # drop((env, app, n));
+//! # }
+//! ```
+
+#![allow(clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tally_engine::broker::EmbeddedBroker;
+use tally_engine::config::Secret;
+use tally_engine::{Config, DaemonHandle};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row};
+
+pub use tally_engine;
+
+/// The server on which tests create their databases.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// How long a wait may take before the test fails. Generous on purpose: these are
+/// failure bounds for a loaded 2-core machine, not performance assertions.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline(pub Duration);
+
+impl Deadline {
+    /// The default bound of [`wait_until`] and [`read_topic`]: 60 s.
+    pub const DEFAULT: Deadline = Deadline(Duration::from_secs(60));
+
+    #[must_use]
+    pub const fn secs(secs: u64) -> Self {
+        Self(Duration::from_secs(secs))
+    }
+}
+
+/// Installs the daemon's log subscriber once when `RUST_LOG` is set (e.g.
+/// `RUST_LOG=info,tally=debug`); otherwise tests run silently.
+pub fn init_logging() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if let Ok(level) = std::env::var("RUST_LOG") {
+            let log = tally_engine::config::LogConfig { level, ..Default::default() };
+            tally_engine::telemetry::init(&log);
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Database
+// ---------------------------------------------------------------------------------------
+
+/// A fresh, uniquely named, fully migrated database on `TALLY_TEST_DATABASE_URL`
+/// (default [`DEFAULT_DATABASE_URL`]). Dropping it drops the database (best effort,
+/// `DROP DATABASE ... WITH (FORCE)`), even if daemons are still connected.
+pub struct TestDb {
+    name: String,
+    url: String,
+    admin_url: String,
+    client: Client,
+}
+
+impl std::fmt::Debug for TestDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestDb").field("name", &self.name).finish()
+    }
+}
+
+impl TestDb {
+    /// Creates the database, applies tally's migrations, and opens a client on it.
+    ///
+    /// # Panics
+    /// When PostgreSQL is unreachable (run `scripts/ensure-postgres.sh`) or a migration
+    /// fails.
+    pub async fn new() -> Self {
+        init_logging();
+        let admin_url = std::env::var("TALLY_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+        let name = format!("tally_test_{}", uuid::Uuid::new_v4().simple());
+        let url = with_database(&admin_url, &name);
+        let (admin, connection) = tokio_postgres::connect(&admin_url, NoTls).await.unwrap_or_else(|e| {
+            panic!("cannot connect to {admin_url} (is PostgreSQL up? scripts/ensure-postgres.sh): {e}")
+        });
+        let driver = tokio::spawn(connection);
+        admin.batch_execute(&format!("CREATE DATABASE \"{name}\"")).await.expect("CREATE DATABASE for the test");
+        drop(admin);
+        let _ = driver.await;
+        let migrate_url = url.clone();
+        tokio::task::spawn_blocking(move || tally_engine::database::prepare_blocking(&migrate_url))
+            .await
+            .expect("migration task")
+            .expect("migrations apply to the test database");
+        let client = connect(&url).await.expect("connect to the test database");
+        Self { name, url, admin_url, client }
+    }
+
+    /// The database URL, for `database.url`.
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The database name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The harness's own client (autocommit). Use [`TestDb::connect`] for a connection
+    /// that holds a transaction open.
+    #[must_use]
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Opens a new connection to the test database (its driver runs on the current
+    /// tokio runtime).
+    ///
+    /// # Panics
+    /// When the connection fails.
+    pub async fn connect(&self) -> Client {
+        connect(&self.url).await.expect("open a connection to the test database")
+    }
+
+    /// Runs `sql` and returns every row.
+    ///
+    /// # Panics
+    /// When the query fails; the message holds the SQL.
+    pub async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Vec<Row> {
+        self.client.query(sql, params).await.unwrap_or_else(|e| panic!("query failed: {sql}: {e}"))
+    }
+
+    /// Runs `sql` (one statement with parameters) and returns the number of rows affected.
+    ///
+    /// # Panics
+    /// When the statement fails.
+    pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> u64 {
+        self.client.execute(sql, params).await.unwrap_or_else(|e| panic!("statement failed: {sql}: {e}"))
+    }
+
+    /// Runs several statements without parameters (e.g. a `BEGIN; ...; COMMIT`).
+    ///
+    /// # Panics
+    /// When a statement fails.
+    pub async fn batch(&self, sql: &str) {
+        self.client.batch_execute(sql).await.unwrap_or_else(|e| panic!("batch failed: {sql}: {e}"));
+    }
+
+    /// The first column of the single row of `sql`, as `i64` (cast in SQL: `count(*)` is
+    /// already `bigint`).
+    ///
+    /// # Panics
+    /// When the query fails or does not return exactly one row.
+    pub async fn scalar_i64(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> i64 {
+        self.client
+            .query_one(sql, params)
+            .await
+            .unwrap_or_else(|e| panic!("query failed: {sql}: {e}"))
+            .try_get(0)
+            .unwrap_or_else(|e| panic!("first column of {sql} is not a bigint: {e}"))
+    }
+
+    /// `SELECT count(*) FROM <table>`.
+    ///
+    /// # Panics
+    /// When the query fails.
+    pub async fn count(&self, table: &str) -> i64 {
+        self.scalar_i64(&format!("SELECT count(*) FROM {table}"), &[]).await
+    }
+
+    /// Number of outbox rows with `published_at` still NULL.
+    pub async fn pending_outbox(&self) -> i64 {
+        self.scalar_i64("SELECT count(*) FROM outbox_events WHERE published_at IS NULL", &[]).await
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let admin_url = self.admin_url.clone();
+        let name = self.name.clone();
+        // Drop may run inside a tokio runtime: do the async work on a thread of its own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async move {
+                let (admin, connection) = tokio_postgres::connect(&admin_url, NoTls).await.ok()?;
+                let driver = tokio::spawn(connection);
+                let result = admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await;
+                drop(admin);
+                let _ = driver.await;
+                result.ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(()))) {
+            eprintln!("warning: could not drop test database {}", self.name);
+        }
+    }
+}
+
+async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(async move {
+        // Ends when the client is dropped or the database is dropped under it.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// `url` with its database name replaced by `name` (query string kept).
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let prefix = match base[scheme_end..].find('/') {
+        Some(i) => &base[..scheme_end + i],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{prefix}/{name}?{q}"),
+        None => format!("{prefix}/{name}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Environment and daemons
+// ---------------------------------------------------------------------------------------
+
+/// What outlives a daemon: the test database and the embedded broker (librdkafka mock
+/// cluster). Spawn any number of daemons on it, at once or one after another.
+pub struct TestEnv {
+    pub db: TestDb,
+    pub broker: Arc<EmbeddedBroker>,
+}
+
+impl std::fmt::Debug for TestEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestEnv").field("db", &self.db).field("broker", &self.broker).finish()
+    }
+}
+
+impl TestEnv {
+    /// A fresh database and a fresh embedded broker with the default broker count.
+    ///
+    /// # Panics
+    /// When the database or the broker cannot be created.
+    pub async fn new() -> Self {
+        let db = TestDb::new().await;
+        let broker = Arc::new(
+            EmbeddedBroker::start(Config::default().kafka.embedded_brokers).expect("start the embedded Kafka broker"),
+        );
+        Self { db, broker }
+    }
+
+    /// The broker's `bootstrap.servers`.
+    #[must_use]
+    pub fn bootstrap(&self) -> &str {
+        self.broker.bootstrap_servers()
+    }
+
+    /// The configuration [`TestEnv::spawn`] starts from: listeners on `127.0.0.1:0`, this
+    /// environment's database, 1 HTTP worker, a small pool, a 50 ms outbox poll interval
+    /// and short publisher backoff.
+    #[must_use]
+    pub fn config(&self) -> Config {
+        let mut c = Config::default();
+        c.database.url = Secret::new(self.db.url());
+        c.database.pool_size = 4;
+        c.kafka.embedded_brokers = self.broker.broker_count();
+        c.http.intake_addr = ([127, 0, 0, 1], 0).into();
+        c.http.admin_addr = ([127, 0, 0, 1], 0).into();
+        c.http.workers = 1;
+        c.outbox.poll_interval_ms = 50;
+        c.outbox.backoff_initial_ms = 50;
+        c.outbox.backoff_max_ms = 1_000;
+        c
+    }
+
+    /// Starts a daemon on this environment (same database, same broker), after
+    /// `configure` adjusted [`TestEnv::config`]; returns once it serves HTTP.
+    ///
+    /// # Panics
+    /// When the configuration is invalid or the daemon cannot start.
+    pub async fn spawn(&self, configure: impl FnOnce(&mut Config)) -> TestApp {
+        let mut config = self.config();
+        configure(&mut config);
+        config.validate().expect("the test configuration is valid");
+        let broker = Arc::clone(&self.broker);
+        let spawn_config = config.clone();
+        let handle = tokio::task::spawn_blocking(move || tally_engine::spawn(spawn_config, Some(broker)))
+            .await
+            .expect("daemon spawn task")
+            .unwrap_or_else(|e| panic!("the daemon did not start: {e:#}"));
+        TestApp::new(handle, config)
+    }
+}
+
+/// A fresh [`TestEnv`] and one daemon on it, configured by `configure` (pass `|_| {}` for
+/// the defaults). Bind as `let (env, app) = ...` so the daemon stops before the database
+/// is dropped.
+pub async fn spawn_app(configure: impl FnOnce(&mut Config)) -> (TestEnv, TestApp) {
+    let env = TestEnv::new().await;
+    let app = env.spawn(configure).await;
+    (env, app)
+}
+
+/// One running daemon with an HTTP client. Dropping it (or [`TestApp::stop`]) shuts the
+/// daemon down in order and waits for it.
+pub struct TestApp {
+    /// `http://127.0.0.1:<port>` of the intake listener.
+    pub intake_url: String,
+    /// `http://127.0.0.1:<port>` of the admin listener.
+    pub admin_url: String,
+    /// The Kafka bootstrap list the daemon uses.
+    pub bootstrap: String,
+    /// The configuration the daemon runs with.
+    pub config: Config,
+    pub client: reqwest::Client,
+    handle: Option<DaemonHandle>,
+}
+
+impl std::fmt::Debug for TestApp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestApp").field("intake_url", &self.intake_url).field("admin_url", &self.admin_url).finish()
+    }
+}
+
+impl TestApp {
+    fn new(handle: DaemonHandle, config: Config) -> Self {
+        let client =
+            reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("build the HTTP client");
+        Self {
+            intake_url: format!("http://{}", handle.intake_addr),
+            admin_url: format!("http://{}", handle.admin_addr),
+            bootstrap: handle.bootstrap.clone(),
+            config,
+            client,
+            handle: Some(handle),
+        }
+    }
+
+    /// Shuts the daemon down in order and waits for its thread.
+    pub async fn stop(mut self) {
+        if let Some(handle) = self.handle.take() {
+            tokio::task::spawn_blocking(move || handle.stop()).await.expect("daemon stop task");
+        }
+    }
+
+    /// `POST <intake><path>` with a JSON body.
+    ///
+    /// # Panics
+    /// When the request cannot be sent.
+    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
+        self.send(self.client.post(format!("{}{path}", self.intake_url)).json(body)).await
+    }
+
+    /// `GET <intake><path>`.
+    ///
+    /// # Panics
+    /// When the request cannot be sent.
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.send(self.client.get(format!("{}{path}", self.intake_url))).await
+    }
+
+    /// `GET <admin><path>`.
+    ///
+    /// # Panics
+    /// When the request cannot be sent.
+    pub async fn admin_get(&self, path: &str) -> reqwest::Response {
+        self.send(self.client.get(format!("{}{path}", self.admin_url))).await
+    }
+
+    /// Sends any request built from [`TestApp::client`].
+    ///
+    /// # Panics
+    /// When the request cannot be sent.
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> reqwest::Response {
+        request.send().await.unwrap_or_else(|e| panic!("HTTP request failed: {e}"))
+    }
+
+    /// The Prometheus text of `GET /metrics`.
+    ///
+    /// # Panics
+    /// When the endpoint does not answer 200.
+    pub async fn metrics(&self) -> String {
+        let res = self.admin_get("/metrics").await;
+        assert_eq!(res.status(), 200, "GET /metrics");
+        res.text().await.expect("read /metrics")
+    }
+
+    /// The JSON of `GET /admin/outbox`.
+    ///
+    /// # Panics
+    /// When the endpoint does not answer 200 with JSON.
+    pub async fn outbox_backlog(&self) -> serde_json::Value {
+        let res = self.admin_get("/admin/outbox").await;
+        assert_eq!(res.status(), 200, "GET /admin/outbox");
+        res.json().await.expect("/admin/outbox answers JSON")
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.stop();
+        }
+    }
+}
+
+/// Reads a JSON response body, failing with the status and raw body when it is not JSON.
+///
+/// # Panics
+/// When the body cannot be read or is not JSON.
+pub async fn json_body(res: reqwest::Response) -> serde_json::Value {
+    let status = res.status();
+    let text = res.text().await.expect("read the response body");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("response {status} is not JSON ({e}): {text}"))
+}
+
+/// The value of the sample `series` in Prometheus text (`name` or `name{labels}` exactly as
+/// exposed, labels sorted by name); `None` when absent.
+#[must_use]
+pub fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Waiting
+// ---------------------------------------------------------------------------------------
+
+/// Polls `check` every 50 ms until it returns `Ok`, and returns that value. `check`
+/// returns `Err(observation)` while the condition does not hold; when `deadline` passes,
+/// the test fails with `what` and the last observation.
+///
+/// # Panics
+/// When the deadline passes.
+pub async fn wait_until<T, F, Fut>(what: &str, deadline: Deadline, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(observation) => {
+                if started.elapsed() >= deadline.0 {
+                    panic!("timed out after {:?} waiting until {what}; last observation: {observation}", deadline.0);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kafka
+// ---------------------------------------------------------------------------------------
+
+/// One Kafka record as read back by a test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaRecord {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<String>,
+    pub payload: Option<Vec<u8>>,
+    /// Every header in order, values as bytes (`None` for a null value).
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl KafkaRecord {
+    /// The first header named `name`, as UTF-8 text.
+    #[must_use]
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_deref())
+            .and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// Every header value named `name`.
+    #[must_use]
+    pub fn headers_named(&self, name: &str) -> Vec<Option<&[u8]>> {
+        self.headers.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_deref()).collect()
+    }
+
+    /// The payload parsed as JSON.
+    ///
+    /// # Panics
+    /// When the payload is absent or not JSON.
+    #[must_use]
+    pub fn payload_json(&self) -> serde_json::Value {
+        let bytes = self.payload.as_deref().unwrap_or_else(|| panic!("record {self:?} has no payload"));
+        serde_json::from_slice(bytes).unwrap_or_else(|e| {
+            panic!(
+                "payload of {}/{}@{} is not JSON ({e}): {}",
+                self.topic,
+                self.partition,
+                self.offset,
+                String::from_utf8_lossy(bytes)
+            )
+        })
+    }
+}
+
+/// Reads every record present in `topic` when called, from the beginning of every
+/// partition up to its high watermark, sorted by partition and offset. Blocking; see
+/// [`read_topic`] for async code.
+///
+/// # Errors
+/// When the topic does not exist, a client call fails, or `deadline` passes first.
+pub fn read_topic_blocking(bootstrap: &str, topic: &str, deadline: Deadline) -> anyhow::Result<Vec<KafkaRecord>> {
+    let started = Instant::now();
+    let remaining = || deadline.0.saturating_sub(started.elapsed()).max(Duration::from_millis(1));
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("tally-test-reader-{}", uuid::Uuid::new_v4().simple()))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("log_level", "3")
+        .create()
+        .context("cannot create the test consumer")?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), remaining())
+        .with_context(|| format!("cannot fetch metadata of {topic}"))?;
+    let meta = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .ok_or_else(|| anyhow!("metadata lists no topic {topic}"))?;
+    if let Some(err) = meta.error() {
+        bail!("topic {topic}: {:?}", rdkafka::error::RDKafkaErrorCode::from(err));
+    }
+    let mut assignment = TopicPartitionList::new();
+    let mut high: HashMap<i32, i64> = HashMap::new();
+    for p in meta.partitions() {
+        let (low, hi) = consumer
+            .fetch_watermarks(topic, p.id(), remaining())
+            .with_context(|| format!("cannot fetch watermarks of {topic}/{}", p.id()))?;
+        if hi > low {
+            assignment.add_partition_offset(topic, p.id(), Offset::Offset(low))?;
+            high.insert(p.id(), hi);
+        }
+    }
+    let mut records = Vec::new();
+    if high.is_empty() {
+        return Ok(records);
+    }
+    consumer.assign(&assignment).context("cannot assign partitions")?;
+    while !high.is_empty() {
+        if started.elapsed() >= deadline.0 {
+            bail!(
+                "deadline of {:?} passed reading {topic}: {} records read, partitions not at their end: {high:?}",
+                deadline.0,
+                records.len()
+            );
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(e)) => return Err(e).with_context(|| format!("cannot consume {topic}")),
+            Some(Ok(m)) => {
+                let headers = m
+                    .headers()
+                    .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
+                    .unwrap_or_default();
+                let record = KafkaRecord {
+                    topic: m.topic().to_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                    payload: m.payload().map(<[u8]>::to_vec),
+                    headers,
+                };
+                if high.get(&record.partition).is_some_and(|hi| record.offset + 1 >= *hi) {
+                    high.remove(&record.partition);
+                }
+                records.push(record);
+            }
+        }
+    }
+    records.sort_by_key(|r| (r.partition, r.offset));
+    Ok(records)
+}
+
+/// [`read_topic_blocking`] on a blocking thread.
+///
+/// # Errors
+/// As [`read_topic_blocking`].
+pub async fn read_topic(bootstrap: &str, topic: &str, deadline: Deadline) -> anyhow::Result<Vec<KafkaRecord>> {
+    let (bootstrap, topic) = (bootstrap.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || read_topic_blocking(&bootstrap, &topic, deadline))
+        .await
+        .context("topic reader task failed")?
+}
+
+/// Waits until `topic` holds records that satisfy `done` (called with every record read
+/// from the beginning), and returns them. `done` returns `Err(observation)` while not yet
+/// satisfied.
+///
+/// # Panics
+/// When `deadline` passes.
+pub async fn wait_for_records<F>(bootstrap: &str, topic: &str, deadline: Deadline, mut done: F) -> Vec<KafkaRecord>
+where
+    F: FnMut(&[KafkaRecord]) -> Result<(), String>,
+{
+    let started = Instant::now();
+    loop {
+        let observation = match read_topic(bootstrap, topic, Deadline::secs(10)).await {
+            Ok(records) => match done(&records) {
+                Ok(()) => return records,
+                Err(observation) => observation,
+            },
+            Err(e) => format!("{e:#}"),
+        };
+        if started.elapsed() >= deadline.0 {
+            panic!(
+                "timed out after {:?} waiting for the expected records on {topic}; last observation: {observation}",
+                deadline.0
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

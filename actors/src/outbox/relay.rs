@@ -96,7 +96,6 @@ impl OutboxRelay {
         self.batch_size
     }
 
-    #[must_use]
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
     }

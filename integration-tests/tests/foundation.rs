@@ -1,0 +1,682 @@
+//! Black-box tests of the Foundation: intake (transfers, accounts) with its transactional
+//! outbox, the outbox publisher, and the admin endpoints.
+//!
+//! Broker: every test runs on the embedded broker, librdkafka's mock cluster (3 brokers,
+//! in this process, DESIGN.md §9), one per test, created by the harness so that it outlives
+//! daemon restarts. Database: a fresh PostgreSQL database per test.
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use reqwest::header::CONTENT_TYPE;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tally_integration_tests::{
+    json_body, metric_value, spawn_app, wait_for_records, wait_until, Deadline, KafkaRecord, TestApp, TestDb, TestEnv,
+};
+
+const TOPIC: &str = "transfers.requested";
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+fn transfer(source: &str, destination: &str, amount: i64) -> Value {
+    json!({ "sourceAccount": source, "destinationAccount": destination, "amountCents": amount, "currency": "BRL" })
+}
+
+/// POSTs a valid transfer and returns its JSON body (asserting 201).
+async fn create_transfer(app: &TestApp, source: &str, destination: &str, amount: i64) -> Value {
+    let res = app.post_json("/transfers", &transfer(source, destination, amount)).await;
+    assert_eq!(res.status(), StatusCode::CREATED, "POST /transfers");
+    json_body(res).await
+}
+
+/// POSTs `body` verbatim with `content_type`.
+async fn post_raw(app: &TestApp, path: &str, content_type: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+    app.send(app.client.post(format!("{}{path}", app.intake_url)).header(CONTENT_TYPE, content_type).body(body)).await
+}
+
+/// Asserts an error response: `status`, a JSON content type, and the body
+/// `{"error":{"code": code, "message": <non-empty>}}`.
+async fn assert_error(res: reqwest::Response, status: StatusCode, code: &str, case: &str) {
+    assert_eq!(res.status(), status, "{case}: status");
+    let content_type = res.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    assert!(content_type.starts_with("application/json"), "{case}: content type {content_type:?}");
+    let body = json_body(res).await;
+    assert_eq!(body["error"]["code"], code, "{case}: error code in {body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(!message.is_empty(), "{case}: error message in {body}");
+    assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{case}: only `error` at the top level of {body}");
+}
+
+async fn assert_no_transfer_rows(db: &TestDb, case: &str) {
+    assert_eq!(db.count("transfers").await, 0, "{case}: transfers rows");
+    assert_eq!(db.count("outbox_events").await, 0, "{case}: outbox rows");
+}
+
+/// A W3C trace context `traceparent` (version 00): `00-<32 hex>-<16 hex>-<2 hex>`,
+/// lowercase, ids not all zero.
+fn is_w3c_traceparent(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    parts.len() == 4
+        && parts[0] == "00"
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && hex(parts[3], 2)
+}
+
+async fn wait_until_no_pending(db: &TestDb, deadline: Deadline) {
+    wait_until("every outbox row is marked published", deadline, || async {
+        match db.pending_outbox().await {
+            0 => Ok(()),
+            n => Err(format!("{n} rows pending")),
+        }
+    })
+    .await;
+}
+
+/// Waits until `topic` holds a record for every event id of `ids` (duplicates allowed).
+async fn wait_for_event_ids(bootstrap: &str, ids: &HashSet<String>, deadline: Deadline) -> Vec<KafkaRecord> {
+    wait_for_records(bootstrap, TOPIC, deadline, |records| {
+        let seen: HashSet<&str> = records.iter().filter_map(|r| r.header("event-id")).collect();
+        let missing = ids.iter().filter(|id| !seen.contains(id.as_str())).count();
+        if missing == 0 {
+            Ok(())
+        } else {
+            Err(format!("{missing} of {} event ids not on {TOPIC} yet ({} records)", ids.len(), records.len()))
+        }
+    })
+    .await
+}
+
+// Broker: embedded mock cluster, shared by both daemons of the test (restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfer_and_outbox_row_commit_together_and_stay_pending_until_a_publisher_runs() {
+    let env = TestEnv::new().await;
+    let app = env.spawn(|c| c.pipelines.outbox = false).await;
+
+    let res = app.post_json("/transfers", &transfer("acc-a", "acc-b", 1234)).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let location = res.headers().get("location").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let created = json_body(res).await;
+    let id = created["id"].as_str().expect("transfer id").to_owned();
+    assert_eq!(location.as_deref(), Some(format!("/transfers/{id}").as_str()));
+    assert_eq!(created["status"], "PENDING");
+    assert_eq!(created["sourceAccount"], "acc-a");
+    assert_eq!(created["destinationAccount"], "acc-b");
+    assert_eq!(created["amountCents"], 1234);
+    assert_eq!(created["currency"], "BRL");
+    assert_eq!(created["rejectionReason"], Value::Null);
+
+    // Both rows exist, once each, and the outbox row describes the transfer.
+    assert_eq!(env.db.count("transfers").await, 1);
+    assert_eq!(env.db.count("outbox_events").await, 1);
+    let rows = env
+        .db
+        .query(
+            "SELECT id::text, topic::text, key::text, event_type::text, payload, published_at IS NULL FROM outbox_events",
+            &[],
+        )
+        .await;
+    let row = &rows[0];
+    let event_id: String = row.get(0);
+    assert_eq!(row.get::<_, String>(1), TOPIC);
+    assert_eq!(row.get::<_, String>(2), "acc-a");
+    assert_eq!(row.get::<_, String>(3), "TransferRequested");
+    let payload: Value = serde_json::from_str(&row.get::<_, String>(4)).expect("outbox payload is JSON");
+    assert_eq!(payload["eventId"], event_id.as_str());
+    assert_eq!(payload["transferId"], id.as_str());
+    assert_eq!(payload["sourceAccount"], "acc-a");
+    assert_eq!(payload["destinationAccount"], "acc-b");
+    assert_eq!(payload["amountCents"], 1234);
+    assert_eq!(payload["currency"], "BRL");
+    assert!(row.get::<_, bool>(5), "published_at is set although the publisher is disabled");
+
+    // GET answers the same transfer.
+    let res = app.get(&format!("/transfers/{id}")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(json_body(res).await, created);
+
+    // With the publisher disabled the row stays pending, and the admin endpoint says so.
+    let backlog = app.outbox_backlog().await;
+    assert_eq!(backlog["pending"], 1, "{backlog}");
+    let topics = backlog["topics"].as_array().expect("topics array");
+    assert!(topics.iter().any(|t| t["topic"] == TOPIC && t["pending"] == 1), "{backlog}");
+    assert_eq!(env.db.pending_outbox().await, 1);
+    app.stop().await;
+
+    // Restart with the publisher on: same database, same broker.
+    let app = env.spawn(|_| {}).await;
+    wait_until_no_pending(&env.db, Deadline::DEFAULT).await;
+    let records = wait_for_event_ids(&app.bootstrap, &HashSet::from([event_id.clone()]), Deadline::DEFAULT).await;
+    let record = records.iter().find(|r| r.header("event-id") == Some(event_id.as_str())).expect("the record");
+    assert_eq!(record.payload_json()["transferId"], id.as_str());
+    assert_eq!(app.outbox_backlog().await["pending"], 0);
+}
+
+// Broker: embedded mock cluster (publisher disabled: the test is about HTTP and rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_key_replays_the_same_request_and_refuses_a_different_one() {
+    let (env, app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let post = |body: Value, key: &'static str| {
+        app.send(app.client.post(format!("{}/transfers", app.intake_url)).header("Idempotency-Key", key).json(&body))
+    };
+
+    let res = post(transfer("acc-a", "acc-b", 500), "key-1").await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let first = json_body(res).await;
+
+    let res = post(transfer("acc-a", "acc-b", 500), "key-1").await;
+    assert_eq!(res.status(), StatusCode::OK, "replay of the same request");
+    let replay = json_body(res).await;
+    assert_eq!(replay["id"], first["id"]);
+    assert_eq!(replay, first, "a replay answers the original transfer");
+    assert_eq!(env.db.count("transfers").await, 1);
+    assert_eq!(env.db.count("outbox_events").await, 1);
+
+    let res = post(transfer("acc-a", "acc-b", 501), "key-1").await;
+    assert_error(res, StatusCode::CONFLICT, "idempotency_key_conflict", "same key, different amount").await;
+    let res = post(transfer("acc-a", "acc-c", 500), "key-1").await;
+    assert_error(res, StatusCode::CONFLICT, "idempotency_key_conflict", "same key, different destination").await;
+    assert_eq!(env.db.count("transfers").await, 1);
+    assert_eq!(env.db.count("outbox_events").await, 1);
+
+    // Another key is another transfer.
+    let res = post(transfer("acc-a", "acc-b", 500), "key-2").await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_ne!(json_body(res).await["id"], first["id"]);
+    assert_eq!(env.db.count("transfers").await, 2);
+    assert_eq!(env.db.count("outbox_events").await, 2);
+}
+
+// Broker: embedded mock cluster (not exercised: nothing valid is written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_transfer_requests_get_json_errors_and_write_nothing() {
+    let (env, app) = spawn_app(|_| {}).await;
+    let json = "application/json";
+    let valid = r#""sourceAccount":"acc-a","destinationAccount":"acc-b","currency":"BRL""#;
+
+    let cases: Vec<(&str, String, StatusCode, &str)> = vec![
+        ("malformed JSON", r#"{"sourceAccount": "acc-a","#.into(), StatusCode::BAD_REQUEST, "invalid_body"),
+        ("not an object", "[1,2,3]".into(), StatusCode::BAD_REQUEST, "invalid_body"),
+        (
+            "missing field",
+            r#"{"sourceAccount":"acc-a","destinationAccount":"acc-b","amountCents":100}"#.into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+        ),
+        (
+            "unknown field",
+            format!(r#"{{{valid},"amountCents":100,"memo":"x"}}"#),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+        ),
+        ("amount 0", format!(r#"{{{valid},"amountCents":0}}"#), StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"),
+        (
+            "amount negative",
+            format!(r#"{{{valid},"amountCents":-5}}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+        ),
+        (
+            "amount fractional",
+            format!(r#"{{{valid},"amountCents":1.5}}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+        ),
+        (
+            "amount above i64::MAX",
+            format!(r#"{{{valid},"amountCents":9223372036854775808}}"#),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+        ),
+        ("amount as a string", format!(r#"{{{valid},"amountCents":"100"}}"#), StatusCode::BAD_REQUEST, "invalid_body"),
+    ];
+    for (case, body, status, code) in cases {
+        let res = post_raw(&app, "/transfers", json, body).await;
+        assert_error(res, status, code, case).await;
+    }
+
+    let long = "a".repeat(33);
+    let json_cases: Vec<(&str, Value)> = vec![
+        (
+            "currency lowercase",
+            json!({"sourceAccount":"acc-a","destinationAccount":"acc-b","amountCents":1,"currency":"brl"}),
+        ),
+        (
+            "currency of 2 letters",
+            json!({"sourceAccount":"acc-a","destinationAccount":"acc-b","amountCents":1,"currency":"BR"}),
+        ),
+        ("source equals destination", transfer("acc-a", "acc-a", 1)),
+        ("source of 33 characters", transfer(&long, "acc-b", 1)),
+        ("destination of 33 characters", transfer("acc-a", &long, 1)),
+        ("empty source", transfer("", "acc-b", 1)),
+        ("empty destination", transfer("acc-a", "", 1)),
+    ];
+    for (case, body) in json_cases {
+        let res = app.post_json("/transfers", &body).await;
+        assert_error(res, StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", case).await;
+    }
+
+    let body = transfer("acc-a", "acc-b", 1).to_string();
+    let res = post_raw(&app, "/transfers", "text/plain", body).await;
+    assert_error(res, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "text/plain body").await;
+
+    let limit = app.config.http.body_limit_bytes;
+    let oversized = transfer(&"a".repeat(limit + 1024), "acc-b", 1).to_string();
+    assert!(oversized.len() > limit);
+    let res = post_raw(&app, "/transfers", json, oversized).await;
+    assert_error(res, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "body over http.body_limit_bytes").await;
+
+    let res = app.get("/transfers/not-a-uuid").await;
+    assert_error(res, StatusCode::BAD_REQUEST, "bad_request", "malformed transfer id").await;
+    let res = app.get(&format!("/transfers/{}", uuid::Uuid::new_v4())).await;
+    assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown transfer").await;
+    let res = app.get("/no-such-route").await;
+    assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown route").await;
+    let res = post_raw(&app, "/transfers/extra", json, transfer("acc-a", "acc-b", 1).to_string()).await;
+    assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown route under /transfers").await;
+
+    assert_no_transfer_rows(&env.db, "after every bad request").await;
+}
+
+// Broker: embedded mock cluster (not exercised).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_are_validated_unique_and_readable() {
+    let (env, app) = spawn_app(|_| {}).await;
+
+    let res =
+        app.post_json("/accounts", &json!({"id": "acc-1", "currency": "BRL", "initialBalanceCents": 10_000})).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(
+        res.headers().get("location").and_then(|v| v.to_str().ok()),
+        Some("/accounts/acc-1"),
+        "Location of the new account"
+    );
+    assert_eq!(json_body(res).await, json!({"id": "acc-1", "currency": "BRL", "balanceCents": 10_000}));
+
+    let res = app.post_json("/accounts", &json!({"id": "acc-1", "currency": "BRL", "initialBalanceCents": 5})).await;
+    assert_error(res, StatusCode::CONFLICT, "account_exists", "duplicate account").await;
+
+    let long = "a".repeat(33);
+    let invalid: Vec<(&str, Value, StatusCode, &str)> = vec![
+        (
+            "id of 33 characters",
+            json!({"id": long, "currency": "BRL", "initialBalanceCents": 1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+        ),
+        (
+            "empty id",
+            json!({"id": "", "currency": "BRL", "initialBalanceCents": 1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+        ),
+        (
+            "lowercase currency",
+            json!({"id": "acc-2", "currency": "usd", "initialBalanceCents": 1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+        ),
+        (
+            "negative balance",
+            json!({"id": "acc-2", "currency": "BRL", "initialBalanceCents": -1}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+        ),
+        (
+            "fractional balance",
+            json!({"id": "acc-2", "currency": "BRL", "initialBalanceCents": 1.5}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+        ),
+        ("missing balance", json!({"id": "acc-2", "currency": "BRL"}), StatusCode::BAD_REQUEST, "invalid_body"),
+        (
+            "unknown field",
+            json!({"id": "acc-2", "currency": "BRL", "initialBalanceCents": 1, "owner": "x"}),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+        ),
+    ];
+    for (case, body, status, code) in invalid {
+        let res = app.post_json("/accounts", &body).await;
+        assert_error(res, status, code, case).await;
+    }
+    let res =
+        post_raw(&app, "/accounts", "text/plain", r#"{"id":"acc-2","currency":"BRL","initialBalanceCents":1}"#).await;
+    assert_error(res, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "text/plain account").await;
+    assert_eq!(env.db.count("accounts").await, 1, "only the first account was written");
+
+    // A zero balance is allowed.
+    let res = app.post_json("/accounts", &json!({"id": "acc-0", "currency": "USD", "initialBalanceCents": 0})).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+
+    let res = app.get("/accounts/acc-1").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let detail = json_body(res).await;
+    assert_eq!(detail["id"], "acc-1");
+    assert_eq!(detail["currency"], "BRL");
+    assert_eq!(detail["balanceCents"], 10_000, "the duplicate did not change the balance");
+    assert_eq!(detail["postings"], json!([]));
+
+    let res = app.get("/accounts/nobody").await;
+    assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown account").await;
+    let res = app.get("/accounts/acc-1?limit=0").await;
+    assert_error(res, StatusCode::BAD_REQUEST, "bad_request", "limit 0").await;
+    assert_no_transfer_rows(&env.db, "accounts only").await;
+}
+
+// Broker: embedded mock cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_record_carries_key_headers_and_the_exact_payload() {
+    let (env, app) = spawn_app(|_| {}).await;
+
+    let res = app
+        .send(
+            app.client
+                .post(format!("{}/transfers", app.intake_url))
+                .header("traceparent", TRACEPARENT)
+                .json(&transfer("acc-traced", "acc-b", 700)),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let traced = json_body(res).await;
+    let untraced = create_transfer(&app, "acc-untraced", "acc-b", 800).await;
+
+    let rows = env.db.query("SELECT id::text, payload FROM outbox_events", &[]).await;
+    let event_of: HashMap<String, String> = rows
+        .iter()
+        .map(|r| {
+            let payload: Value = serde_json::from_str(&r.get::<_, String>(1)).expect("payload JSON");
+            (payload["transferId"].as_str().expect("transferId").to_owned(), r.get::<_, String>(0))
+        })
+        .collect();
+    let ids: HashSet<String> = event_of.values().cloned().collect();
+    assert_eq!(ids.len(), 2);
+    let records = wait_for_event_ids(&app.bootstrap, &ids, Deadline::DEFAULT).await;
+
+    let expected_fields: BTreeSet<&str> = BTreeSet::from([
+        "eventId",
+        "transferId",
+        "sourceAccount",
+        "destinationAccount",
+        "amountCents",
+        "currency",
+        "requestedAt",
+    ]);
+    for (created, amount, sent_traceparent) in [(&traced, 700, Some(TRACEPARENT)), (&untraced, 800, None)] {
+        let transfer_id = created["id"].as_str().expect("id");
+        let event_id = &event_of[transfer_id];
+        let record =
+            records.iter().find(|r| r.header("event-id") == Some(event_id.as_str())).expect("record of the transfer");
+        let source = created["sourceAccount"].as_str().expect("source");
+        assert_eq!(record.key.as_deref(), Some(source), "record key is the source account");
+
+        for name in ["event-id", "event-type", "traceparent"] {
+            assert_eq!(record.headers_named(name).len(), 1, "exactly one {name} header on {record:?}");
+        }
+        assert_eq!(record.header("event-type"), Some("TransferRequested"));
+        let traceparent = record.header("traceparent").expect("traceparent header");
+        assert!(is_w3c_traceparent(traceparent), "invalid traceparent {traceparent:?}");
+        match sent_traceparent {
+            Some(sent) => assert_eq!(traceparent, sent, "the caller's traceparent travels to Kafka"),
+            None => assert_ne!(traceparent, TRACEPARENT),
+        }
+
+        let payload = record.payload_json();
+        let fields: BTreeSet<&str> = payload.as_object().expect("payload object").keys().map(String::as_str).collect();
+        assert_eq!(fields, expected_fields, "payload fields of {payload}");
+        assert_eq!(payload["eventId"], event_id.as_str(), "payload eventId = event-id header = outbox row id");
+        assert_eq!(payload["transferId"], transfer_id);
+        assert_eq!(payload["sourceAccount"], source);
+        assert_eq!(payload["destinationAccount"], "acc-b");
+        assert_eq!(payload["amountCents"], amount);
+        assert!(payload["amountCents"].is_i64(), "amountCents is an integer");
+        assert_eq!(payload["currency"], "BRL");
+        let requested_at = payload["requestedAt"].as_str().expect("requestedAt string");
+        let parsed = chrono::DateTime::parse_from_rfc3339(requested_at).expect("requestedAt is RFC 3339");
+        assert_eq!(parsed.offset().local_minus_utc(), 0, "requestedAt is UTC: {requested_at}");
+        let created_at = chrono::DateTime::parse_from_rfc3339(created["createdAt"].as_str().expect("createdAt"))
+            .expect("createdAt is RFC 3339");
+        assert_eq!(parsed, created_at, "requestedAt is the transfer's creation time");
+    }
+}
+
+// Broker: embedded mock cluster, all 3 brokers taken down and brought back up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_outage_marks_nothing_published_and_everything_is_published_after_recovery() {
+    let (env, app) = spawn_app(|c| c.outbox.send_timeout_ms = 2_000).await;
+    env.broker.all_down().expect("take the brokers down");
+
+    for i in 0..5 {
+        create_transfer(&app, &format!("acc-{i}"), "acc-z", 100 + i).await;
+    }
+    wait_until("the publisher reports a failed batch", Deadline::DEFAULT, || async {
+        let metrics = app.metrics().await;
+        match metric_value(&metrics, "tally_outbox_publish_failures_total") {
+            Some(n) if n > 0.0 => Ok(()),
+            other => Err(format!("tally_outbox_publish_failures_total = {other:?}")),
+        }
+    })
+    .await;
+    let published = env.db.scalar_i64("SELECT count(*) FROM outbox_events WHERE published_at IS NOT NULL", &[]).await;
+    assert_eq!(published, 0, "rows marked published while no broker was up");
+    assert_eq!(env.db.pending_outbox().await, 5);
+    assert_eq!(metric_value(&app.metrics().await, "tally_outbox_pending"), Some(5.0));
+
+    env.broker.all_up().expect("bring the brokers back");
+    wait_until_no_pending(&env.db, Deadline::secs(120)).await;
+    let ids: HashSet<String> =
+        env.db.query("SELECT id::text FROM outbox_events", &[]).await.iter().map(|r| r.get(0)).collect();
+    assert_eq!(ids.len(), 5);
+    wait_for_event_ids(&app.bootstrap, &ids, Deadline::DEFAULT).await;
+}
+
+// Broker: embedded mock cluster, shared by two daemons.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_publishers_on_one_database_keep_per_key_order() {
+    const KEYS: i32 = 100;
+    const ROWS: i32 = 10_000;
+    const TRANSACTIONS: i32 = 20;
+    let env = TestEnv::new().await;
+    let mut daemons =
+        vec![env.spawn(|c| c.outbox.batch_size = 100).await, env.spawn(|c| c.outbox.batch_size = 100).await];
+    let bootstrap = env.bootstrap().to_owned();
+    let insert = |t: i32| {
+        // Row n has key n % KEYS and per-key sequence n / KEYS; each statement commits on
+        // its own, rows in increasing n, so per key the sequence increases with commit order.
+        let per_transaction = ROWS / TRANSACTIONS;
+        let (from, to) = (t * per_transaction, (t + 1) * per_transaction - 1);
+        let db = &env.db;
+        async move {
+            db.execute(
+                "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+                 SELECT gen_random_uuid(), $3, 'key-' || (n % $4), 'TransferRequested', \
+                        json_build_object('key', 'key-' || (n % $4), 'keySeq', n / $4)::text \
+                 FROM generate_series($1::int, $2::int) AS n ORDER BY n",
+                &[&from, &to, &TOPIC, &KEYS],
+            )
+            .await
+        }
+    };
+    async fn published_by(app: &TestApp) -> f64 {
+        metric_value(&app.metrics().await, "tally_outbox_published_total").unwrap_or(0.0)
+    }
+
+    for t in 0..TRANSACTIONS / 2 {
+        insert(t).await;
+    }
+    // One shard-lock holder may do all the work while the other idles; to make both publish,
+    // stop (gracefully) a daemon that has published, then commit the second half of the rows,
+    // which only the other daemon can publish. Per-key order must survive the hand-over.
+    let active = wait_until("a daemon publishes", Deadline::DEFAULT, || async {
+        for (i, app) in daemons.iter().enumerate() {
+            if published_by(app).await > 0.0 {
+                return Ok(i);
+            }
+        }
+        Err("no daemon has published yet".to_owned())
+    })
+    .await;
+    let stopped = daemons.remove(active);
+    let by_stopped = published_by(&stopped).await;
+    stopped.stop().await;
+    for t in TRANSACTIONS / 2..TRANSACTIONS {
+        insert(t).await;
+    }
+    assert_eq!(env.db.count("outbox_events").await, i64::from(ROWS));
+
+    wait_until_no_pending(&env.db, Deadline::secs(180)).await;
+    let remaining = &daemons[0];
+    let by_remaining = published_by(remaining).await;
+    assert!(by_stopped > 0.0 && by_remaining > 0.0, "both publishers worked: {by_stopped} and {by_remaining}");
+    let records = wait_for_records(&bootstrap, TOPIC, Deadline::secs(120), |records| {
+        let distinct: HashSet<&str> = records.iter().filter_map(|r| r.header("event-id")).collect();
+        if distinct.len() == ROWS as usize {
+            Ok(())
+        } else {
+            Err(format!("{} distinct event ids of {ROWS} ({} records)", distinct.len(), records.len()))
+        }
+    })
+    .await;
+
+    // Records are sorted by partition and offset, and a key lives in one partition, so this
+    // walks each key's records in log order.
+    let mut seen: HashMap<String, HashSet<i64>> = HashMap::new();
+    let mut first_occurrences: HashMap<String, Vec<i64>> = HashMap::new();
+    let mut duplicates = 0;
+    for record in &records {
+        let payload = record.payload_json();
+        let key = record.key.clone().expect("record key");
+        assert_eq!(payload["key"], key.as_str(), "record key matches the row key");
+        let seq = payload["keySeq"].as_i64().expect("keySeq");
+        if seen.entry(key.clone()).or_default().insert(seq) {
+            first_occurrences.entry(key).or_default().push(seq);
+        } else {
+            duplicates += 1;
+        }
+    }
+    assert_eq!(first_occurrences.len(), KEYS as usize, "every key was published");
+    let expected: Vec<i64> = (0..i64::from(ROWS / KEYS)).collect();
+    for (key, order) in &first_occurrences {
+        assert_eq!(order, &expected, "per-key order of first occurrences for {key}");
+    }
+    eprintln!(
+        "published by the stopped daemon (before its stop): {by_stopped}, by the other: {by_remaining}, \
+         duplicates on the topic: {duplicates}"
+    );
+}
+
+// Broker: embedded mock cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_after_later_rows_is_still_published() {
+    let (env, app) = spawn_app(|_| {}).await;
+    let insert = "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+                  VALUES (gen_random_uuid(), $1, $2, 'TransferRequested', $3) RETURNING id::text, seq";
+
+    // The early row takes its sequence number now but commits last.
+    let late = env.db.connect().await;
+    late.batch_execute("BEGIN").await.expect("BEGIN");
+    let row = late.query_one(insert, &[&TOPIC, &"key-late", &r#"{"n":"late"}"#]).await.expect("insert the late row");
+    let (late_id, late_seq): (String, i64) = (row.get(0), row.get(1));
+
+    let mut later_ids = HashSet::new();
+    for i in 0..20 {
+        let key = if i % 2 == 0 { "key-late" } else { "key-other" };
+        let rows = env.db.query(insert, &[&TOPIC, &key, &format!(r#"{{"n":{i}}}"#)]).await;
+        let seq: i64 = rows[0].get(1);
+        assert!(seq > late_seq, "the later rows have higher sequence numbers");
+        later_ids.insert(rows[0].get::<_, String>(0));
+    }
+    // Every committed row gets published while the early row is still uncommitted.
+    wait_until_no_pending(&env.db, Deadline::DEFAULT).await;
+    wait_for_event_ids(&app.bootstrap, &later_ids, Deadline::DEFAULT).await;
+
+    late.batch_execute("COMMIT").await.expect("COMMIT the late row");
+    wait_until("the late row is marked published", Deadline::DEFAULT, || async {
+        let published = env
+            .db
+            .scalar_i64(
+                "SELECT count(*) FROM outbox_events WHERE id = $1::text::uuid AND published_at IS NOT NULL",
+                &[&late_id],
+            )
+            .await;
+        if published == 1 {
+            Ok(())
+        } else {
+            Err("still pending".to_owned())
+        }
+    })
+    .await;
+    let records = wait_for_event_ids(&app.bootstrap, &HashSet::from([late_id.clone()]), Deadline::DEFAULT).await;
+
+    // On its key it comes after the rows that committed before it.
+    let key_events: Vec<&str> =
+        records.iter().filter(|r| r.key.as_deref() == Some("key-late")).filter_map(|r| r.header("event-id")).collect();
+    assert_eq!(key_events.last().copied(), Some(late_id.as_str()), "commit order on key-late: {key_events:?}");
+}
+
+// Broker: embedded mock cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_metrics() {
+    let (_env, app) = spawn_app(|_| {}).await;
+
+    let res = app.admin_get("/healthz").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(json_body(res).await["status"], "ok");
+    let res = app.admin_get("/readyz").await;
+    assert_eq!(res.status(), StatusCode::OK, "readiness with the database and broker up");
+    assert_eq!(json_body(res).await["status"], "ready");
+
+    create_transfer(&app, "acc-m", "acc-n", 1).await;
+    let res = app.get("/nowhere").await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+
+    let metrics = app.metrics().await;
+    for family in [
+        "tally_outbox_pending",
+        "tally_outbox_oldest_pending_age_seconds",
+        "tally_outbox_published_total",
+        "tally_outbox_publish_failures_total",
+    ] {
+        assert!(metric_value(&metrics, family).is_some(), "{family} missing from /metrics:\n{metrics}");
+        assert!(metrics.contains(&format!("# HELP {family} ")), "help text of {family}");
+    }
+    let created = metric_value(&metrics, r#"tally_http_requests_total{route="/transfers",status="201"}"#);
+    assert_eq!(created, Some(1.0), "POST /transfers counted by route and status:\n{metrics}");
+    assert!(
+        metrics.lines().any(|l| l.starts_with("tally_http_requests_total{") && l.contains(r#"status="404""#)),
+        "the 404 is counted:\n{metrics}"
+    );
+    assert!(metrics.lines().any(|l| l.starts_with("process_")), "process metrics in /metrics:\n{metrics}");
+
+    // The outbox is drained, and the gauges say so.
+    wait_until("the outbox gauges show nothing pending", Deadline::DEFAULT, || async {
+        let metrics = app.metrics().await;
+        match metric_value(&metrics, "tally_outbox_pending") {
+            Some(0.0) => Ok(()),
+            other => Err(format!("tally_outbox_pending = {other:?}")),
+        }
+    })
+    .await;
+    let metrics = app.metrics().await;
+    assert_eq!(metric_value(&metrics, "tally_outbox_published_total"), Some(1.0));
+    assert_eq!(metric_value(&metrics, "tally_outbox_oldest_pending_age_seconds"), Some(0.0));
+}
+
+#[test]
+fn traceparent_check_accepts_only_w3c_values() {
+    assert!(is_w3c_traceparent(TRACEPARENT));
+    assert!(!is_w3c_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01"));
+    assert!(!is_w3c_traceparent("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"));
+    assert!(!is_w3c_traceparent("not a traceparent"));
+}
+
+#[test]
+fn prometheus_sample_lookup() {
+    let text = "# HELP a x\n# TYPE a counter\na 3\nb{route=\"/x\",status=\"200\"} 2\n";
+    assert_eq!(metric_value(text, "a"), Some(3.0));
+    assert_eq!(metric_value(text, r#"b{route="/x",status="200"}"#), Some(2.0));
+    assert_eq!(metric_value(text, "c"), None);
+}
