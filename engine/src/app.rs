@@ -50,7 +50,9 @@ impl KafkaEndpoint {
         };
         let bootstrap =
             embedded.as_ref().map_or_else(|| config.kafka.brokers.clone(), |b| b.bootstrap_servers().to_owned());
-        kafka::create_topics(&config.kafka, &bootstrap, embedded.as_deref()).await?;
+        if config.kafka.create_topics || embedded.is_some() {
+            kafka::create_topics(&config.kafka, &bootstrap, embedded.as_deref()).await?;
+        }
         Ok(Self { bootstrap, embedded })
     }
 }

@@ -87,6 +87,8 @@ pub struct KafkaConfig {
     pub embedded_brokers: i32,
     pub partitions: i32,
     pub replication_factor: i32,
+    /// Create missing topics (and their `-dlt` twins) when the daemon starts.
+    pub create_topics: bool,
     pub topics: TopicsConfig,
     /// librdkafka properties passed through to every producer.
     pub producer: BTreeMap<String, String>,
@@ -222,6 +224,7 @@ impl Default for KafkaConfig {
             embedded_brokers: 3,
             partitions: 12,
             replication_factor: 1,
+            create_topics: true,
             topics: TopicsConfig::default(),
             producer: BTreeMap::new(),
             consumer: BTreeMap::new(),

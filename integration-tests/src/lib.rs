@@ -655,3 +655,53 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The `tally` binary of this workspace, built first when needed (a no-op when it is up to
+/// date), for tests that run the daemon as a separate process (e.g. to kill it).
+///
+/// # Panics
+/// When the build fails or the binary cannot be found.
+#[must_use]
+pub fn tally_binary() -> std::path::PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "-p", "tally-engine", "--bin", "tally"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build for the tally binary");
+    assert!(status.success(), "cargo build -p tally-engine --bin tally failed");
+    // This test executable lives in target/<profile>/deps/.
+    let exe = std::env::current_exe().expect("current test executable");
+    let profile_dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>");
+    let binary = profile_dir.join("tally");
+    assert!(binary.exists(), "{} not found", binary.display());
+    binary
+}
+
+/// Starts `tally run` as a child process on `env` (its database, and its embedded broker
+/// as an external cluster), listeners on port 0, with extra `TALLY__*` variables. Its logs
+/// go to `target/<profile>/tally-child.log` for post-mortems. Kill it with `Child::kill`.
+///
+/// # Panics
+/// When the process cannot be started.
+#[must_use]
+pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> std::process::Child {
+    let binary = tally_binary();
+    let log = binary.with_file_name("tally-child.log");
+    let stderr = std::fs::File::create(&log).map_or_else(|_| std::process::Stdio::null(), std::process::Stdio::from);
+    std::process::Command::new(binary)
+        .arg("run")
+        .env("TALLY__DATABASE__URL", env.db.url())
+        .env("TALLY__DATABASE__POOL_SIZE", "4")
+        .env("TALLY__KAFKA__BROKERS", env.bootstrap())
+        // The mock cluster has no Admin API; the harness created the topics.
+        .env("TALLY__KAFKA__CREATE_TOPICS", "false")
+        .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
+        .env("TALLY__HTTP__ADMIN_ADDR", "127.0.0.1:0")
+        .envs(extra.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start tally run")
+}
