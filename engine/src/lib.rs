@@ -1,10 +1,11 @@
 //! The tally daemon: command line, configuration, wiring, HTTP intake and admin endpoints,
-//! Kafka client set-up, the embedded broker, and (later) the bench driver.
+//! Kafka client set-up, the embedded broker, and the bench driver.
 //!
 //! Depends on `tally-actors` and `tally-schema`; only `integration-tests` depends on this
 //! crate.
 
 pub mod app;
+pub mod bench;
 pub mod broker;
 pub mod config;
 pub mod database;

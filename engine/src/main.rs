@@ -53,6 +53,28 @@ enum Command {
     },
     /// Print the effective configuration as TOML, secrets redacted.
     Config,
+    /// Load scenarios against the local PostgreSQL and an embedded broker (`make bench`).
+    Bench {
+        #[command(subcommand)]
+        scenario: BenchScenario,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchScenario {
+    /// Settle pre-produced TransferAnalyzed records with the ledger pipeline, then with the
+    /// seed-style baseline over the same records.
+    Ledger {
+        #[arg(long, default_value_t = 200_000)]
+        transfers: usize,
+        #[arg(long, default_value_t = 10_000)]
+        accounts: usize,
+        #[arg(long, default_value_t = 12)]
+        partitions: i32,
+        /// Skip the seed-style baseline run.
+        #[arg(long)]
+        no_baseline: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -81,6 +103,12 @@ fn main() -> ExitCode {
         Command::Topics { action: TopicsCommand::Create } => topics_create(&config),
         Command::Broker { listen } => run_broker(&config, listen),
         Command::Config => Ok(()),
+        Command::Bench { scenario: BenchScenario::Ledger { transfers, accounts, partitions, no_baseline } } => {
+            tally_engine::bench::ledger::run(
+                &config,
+                &tally_engine::bench::ledger::Args { transfers, accounts, partitions, baseline: !no_baseline },
+            )
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

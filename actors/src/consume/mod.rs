@@ -60,7 +60,7 @@ pub struct PipelineSpec {
     pub idle_after: Duration,
     /// Longest wait for in-flight work when a partition is revoked or the pipeline stops.
     pub drain_timeout: Duration,
-    /// Commit synchronously after every completed record (the seed-style baseline).
+    /// Commit after every completed record (the seed-style baseline).
     pub commit_each: bool,
 }
 
@@ -433,7 +433,10 @@ fn store_watermarks(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
         }
     }
     if stored_any && shared.spec.commit_each {
-        if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+        // One commit request per completed record (the seed's acknowledge-after-each).
+        // Asynchronous, so that partitions stay parallel as with one consumer per
+        // partition; a synchronous commit here would serialise every partition behind it.
+        if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
             debug!(pipeline = %shared.spec.name, error = %e, "Commit failed.");
         }
     }

@@ -114,12 +114,18 @@ impl OutboxRelay {
         let result = conn
             .transaction::<usize, OutboxError, _>(|conn| {
                 async move {
+                    // Free shards in random order, at most half of them per claim: a lone
+                    // publisher covers every shard over consecutive batches, and several
+                    // publishers share the key space instead of one taking all of it. The
+                    // Limit node stops pulling rows, so no further locks are taken.
                     let shards: Vec<i32> = diesel::sql_query(
-                        "SELECT shard FROM generate_series(0, $1 - 1) AS shard \
-                         WHERE pg_try_advisory_xact_lock($2, shard)",
+                        "SELECT shard FROM (SELECT shard FROM generate_series(0, $1 - 1) AS shard \
+                                            ORDER BY random()) AS s \
+                         WHERE pg_try_advisory_xact_lock($2, shard) LIMIT $3",
                     )
                     .bind::<Integer, _>(SHARDS)
                     .bind::<Integer, _>(SHARD_LOCK_SPACE)
+                    .bind::<Integer, _>(SHARDS / 2)
                     .load::<ShardRow>(conn)
                     .await?
                     .into_iter()

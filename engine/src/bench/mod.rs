@@ -1,0 +1,120 @@
+//! `tally bench`: load scenarios run from the same binary, against the local PostgreSQL and
+//! an embedded broker. Progress goes to stderr, a table to stdout, JSON to `target/bench/`.
+//! Figures are measured and reported, never asserted.
+
+pub mod ledger;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+
+/// Peak resident set size of this process so far (VmHWM), in MiB.
+#[must_use]
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Writes `report` as JSON to `target/bench/<name>-<unix time>.json` and returns the path.
+///
+/// # Errors
+/// When the file cannot be written.
+pub fn write_report<T: Serialize>(name: &str, report: &T) -> anyhow::Result<PathBuf> {
+    let dir = PathBuf::from("target/bench");
+    std::fs::create_dir_all(&dir).context("cannot create target/bench")?;
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+    let path = dir.join(format!("{name}-{stamp}.json"));
+    std::fs::write(&path, serde_json::to_vec_pretty(report)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
+}
+
+/// The value of the series `series` (exact text before the value) in Prometheus text.
+#[must_use]
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+}
+
+/// Sum of every sample of family `name` whose labels contain `filter`.
+#[must_use]
+pub fn metric_sum(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// Estimates quantile `q` of histogram `name` (with label filter) by linear interpolation
+/// inside the bucket, as Prometheus' `histogram_quantile` does.
+#[must_use]
+pub fn histogram_quantile(text: &str, name: &str, filter: &str, q: f64) -> Option<f64> {
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}_bucket{{")) && l.contains(filter))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            let count: f64 = l.rsplit(' ').next()?.parse().ok()?;
+            Some((le, count))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut prev = (0.0, 0.0);
+    for (le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(prev.0);
+            }
+            let width = count - prev.1;
+            let frac = if width > 0.0 { (rank - prev.1) / width } else { 1.0 };
+            return Some(prev.0 + (le - prev.0) * frac);
+        }
+        prev = (le, count);
+    }
+    None
+}
+
+/// Prints a progress line to stderr at most every `every`.
+pub struct Progress {
+    last: Instant,
+    every: Duration,
+}
+
+impl Progress {
+    #[must_use]
+    pub fn new(every: Duration) -> Self {
+        Self { last: Instant::now() - every, every }
+    }
+
+    pub fn tick(&mut self, line: impl FnOnce() -> String) {
+        if self.last.elapsed() >= self.every {
+            self.last = Instant::now();
+            eprintln!("  {}", line());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_within_buckets() {
+        let text =
+            "h_bucket{p=\"x\",le=\"0.1\"} 50\nh_bucket{p=\"x\",le=\"0.2\"} 100\nh_bucket{p=\"x\",le=\"+Inf\"} 100\n";
+        let p50 = histogram_quantile(text, "h", "p=\"x\"", 0.5).unwrap_or(-1.0);
+        assert!((p50 - 0.1).abs() < 1e-9, "{p50}");
+        let p75 = histogram_quantile(text, "h", "p=\"x\"", 0.75).unwrap_or(-1.0);
+        assert!((p75 - 0.15).abs() < 1e-9, "{p75}");
+        assert_eq!(metric_sum("c{a=\"1\",p=\"x\"} 2\nc{a=\"2\",p=\"x\"} 3\n", "c", "p=\"x\""), 5.0);
+    }
+}
