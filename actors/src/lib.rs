@@ -6,11 +6,13 @@
 //!
 //! Depends on `tally-schema`; `tally-engine` depends on this crate.
 
+pub mod antifraud;
 pub mod consume;
 pub mod db;
 pub mod ledger;
 pub mod metrics;
 pub mod outbox;
+pub mod projection;
 pub mod supervise;
 
 pub use metrics::Metrics;

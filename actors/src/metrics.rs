@@ -31,6 +31,8 @@ pub struct Metrics {
     pub oldest_inflight_age_seconds: GaugeVec,
     pub handler_seconds: HistogramVec,
     pub settlement_batch_size: Histogram,
+    pub kafka_transactions_total: IntCounterVec,
+    pub antifraud_score: Histogram,
     pub ledger_invariant_ok: IntGaugeVec,
 }
 
@@ -135,6 +137,14 @@ impl Metrics {
                 HistogramOpts::new("settlement_batch_size", "Transfers settled per ledger database transaction.")
                     .buckets(vec![1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0]),
             )?,
+            kafka_transactions_total: IntCounterVec::new(
+                Opts::new("kafka_transactions_total", "Kafka transactions, by outcome (committed, aborted)."),
+                &["outcome"],
+            )?,
+            antifraud_score: Histogram::with_opts(
+                HistogramOpts::new("antifraud_score", "Risk scores given by the antifraud stage.")
+                    .buckets(vec![10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]),
+            )?,
             ledger_invariant_ok: IntGaugeVec::new(
                 Opts::new("ledger_invariant_ok", "1 when the ledger invariant held at the last check, 0 otherwise."),
                 &["invariant"],
@@ -162,6 +172,8 @@ impl Metrics {
         m.registry.register(Box::new(m.handler_seconds.clone()))?;
         m.registry.register(Box::new(m.settlement_batch_size.clone()))?;
         m.registry.register(Box::new(m.ledger_invariant_ok.clone()))?;
+        m.registry.register(Box::new(m.kafka_transactions_total.clone()))?;
+        m.registry.register(Box::new(m.antifraud_score.clone()))?;
         #[cfg(target_os = "linux")]
         m.process.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
         Ok(m)

@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::http::{self, AppState};
 use crate::pipelines;
 use crate::{database, kafka};
+use tally_actors::antifraud::Antifraud;
 use tally_actors::consume::Pipeline;
 
 /// Where the daemon's Kafka clients connect.
@@ -66,6 +67,7 @@ pub struct Daemon {
     servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     publisher: Option<Addr<OutboxPublisher>>,
     pipelines: Vec<Pipeline>,
+    antifraud: Option<Antifraud>,
     dlt_producer: FutureProducer,
     listener_stop: watch::Sender<bool>,
     listener: Option<tokio::task::JoinHandle<()>>,
@@ -107,6 +109,10 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
     if config.pipelines.ledger {
         running.push(shared.start_ledger()?);
     }
+    if config.pipelines.projection {
+        running.push(shared.start_projection()?);
+    }
+    let antifraud = if config.pipelines.antifraud { Some(shared.start_antifraud()?) } else { None };
 
     let wake = Arc::new(Notify::new());
     let (listener_stop, listener_rx) = watch::channel(false);
@@ -151,6 +157,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         servers: vec![tokio::spawn(intake.server), tokio::spawn(admin.server)],
         publisher,
         pipelines: running,
+        antifraud,
         dlt_producer,
         listener_stop,
         listener,
@@ -174,6 +181,9 @@ impl Daemon {
             pipelines = self.pipelines.len(),
             "Shutdown: stopping fetching, draining in-flight records, committing offsets."
         );
+        if let Some(antifraud) = self.antifraud {
+            antifraud.stop().await;
+        }
         for pipeline in self.pipelines {
             pipeline.stop().await;
         }

@@ -65,6 +65,8 @@ pub struct Config {
     pub pipelines: PipelinesConfig,
     pub consumer: ConsumerConfig,
     pub ledger: LedgerConfig,
+    pub antifraud: AntifraudConfig,
+    pub projection: ProjectionConfig,
     pub log: LogConfig,
 }
 
@@ -141,6 +143,44 @@ pub struct PipelinesConfig {
     pub outbox: bool,
     /// Settle `transfers.analyzed` into the double-entry ledger.
     pub ledger: bool,
+    /// Score `transfers.requested` inside Kafka transactions.
+    pub antifraud: bool,
+    /// Project `transfers.settled` / `transfers.rejected` onto the transfer status.
+    pub projection: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AntifraudConfig {
+    pub group_id: String,
+    /// Transactional id of this instance; must be unique per running instance. Empty:
+    /// `tally-antifraud-<hostname>-<random>`.
+    pub transactional_id: String,
+    /// Scores at or above this are blocked (seed: 80).
+    pub block_score: i32,
+    /// Score of every transfer.
+    pub base_score: i32,
+    /// `[[min_amount_cents, points], ...]`; the highest matching tier counts.
+    pub amount_tiers: Vec<(i64, i32)>,
+    pub velocity_window_secs: u64,
+    /// More transfers than this from one source account inside the window add
+    /// `velocity_points`.
+    pub velocity_max: usize,
+    pub velocity_points: i32,
+    /// Records per Kafka transaction at most.
+    pub batch_max_records: usize,
+    /// How long a transaction waits for more records after the first.
+    pub batch_max_wait_ms: u64,
+    pub transaction_timeout_ms: u64,
+    /// Backoff between attempts of a failed transaction.
+    pub retry: RetryConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProjectionConfig {
+    pub group_id: String,
+    pub retry: RetryConfig,
 }
 
 /// Consumption limits shared by every pipeline.
@@ -274,7 +314,7 @@ impl Default for OutboxConfig {
 
 impl Default for PipelinesConfig {
     fn default() -> Self {
-        Self { outbox: true, ledger: true }
+        Self { outbox: true, ledger: true, antifraud: true, projection: true }
     }
 }
 
@@ -300,6 +340,31 @@ impl Default for LedgerConfig {
             linger_ms: 2,
             retry: RetryConfig::default(),
         }
+    }
+}
+
+impl Default for AntifraudConfig {
+    fn default() -> Self {
+        Self {
+            group_id: "tally-antifraud".into(),
+            transactional_id: String::new(),
+            block_score: 80,
+            base_score: 5,
+            amount_tiers: vec![(1_000_000, 25), (5_000_000, 50), (10_000_000, 80)],
+            velocity_window_secs: 60,
+            velocity_max: 20,
+            velocity_points: 40,
+            batch_max_records: 500,
+            batch_max_wait_ms: 10,
+            transaction_timeout_ms: 30_000,
+            retry: RetryConfig { max_retries: 10, initial_ms: 200, multiplier: 2.0, max_ms: 10_000 },
+        }
+    }
+}
+
+impl Default for ProjectionConfig {
+    fn default() -> Self {
+        Self { group_id: "tally-projection".into(), retry: RetryConfig::default() }
     }
 }
 
@@ -479,6 +544,30 @@ impl Config {
             return invalid("ledger.max_concurrent_batches", "must be between 1 and database.pool_size");
         }
         self.ledger.retry.validate("ledger.retry")?;
+        let af = &self.antifraud;
+        if af.group_id.trim().is_empty() {
+            return invalid("antifraud.group_id", "must not be empty");
+        }
+        if !(1..=100).contains(&af.block_score) {
+            return invalid("antifraud.block_score", "must be between 1 and 100");
+        }
+        if af.amount_tiers.iter().any(|(min, points)| *min <= 0 || !(0..=100).contains(points)) {
+            return invalid("antifraud.amount_tiers", "needs positive amounts and points between 0 and 100");
+        }
+        if af.velocity_window_secs == 0 {
+            return invalid("antifraud.velocity_window_secs", "must be greater than 0");
+        }
+        if !(1..=10_000).contains(&af.batch_max_records) {
+            return invalid("antifraud.batch_max_records", "must be between 1 and 10000");
+        }
+        if af.transaction_timeout_ms < 1_000 {
+            return invalid("antifraud.transaction_timeout_ms", "must be at least 1000");
+        }
+        af.retry.validate("antifraud.retry")?;
+        if self.projection.group_id.trim().is_empty() {
+            return invalid("projection.group_id", "must not be empty");
+        }
+        self.projection.retry.validate("projection.retry")?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return invalid("log.level", "is not a valid tracing filter (e.g. \"info\")");
         }

@@ -8,9 +8,11 @@ use actix::prelude::*;
 use anyhow::Context;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
+use tally_actors::antifraud::{Antifraud, AntifraudSpec, RiskRules, RulesRiskEngine};
 use tally_actors::consume::{Pipeline, PipelineSpec};
 use tally_actors::db::PgPool;
 use tally_actors::ledger::{AccountLedger, LedgerTopics, SettlementBatcher, SettlementMode};
+use tally_actors::projection::StatusProjector;
 use tally_actors::supervise::{DeadLetters, RetryPolicy, Supervision};
 use tally_actors::Metrics;
 
@@ -39,12 +41,17 @@ impl RetryConfig {
 }
 
 impl Shared<'_> {
-    fn spec(&self, name: &str, group_id: &str, topics: Vec<String>) -> PipelineSpec {
+    fn client(&self, name: &str, pass_through: &std::collections::BTreeMap<String, String>) -> ClientConfig {
         let mut client = ClientConfig::new();
         client.set("bootstrap.servers", self.bootstrap).set("client.id", format!("tally-{name}"));
-        for (k, v) in &self.config.kafka.consumer {
+        for (k, v) in pass_through {
             client.set(k, v);
         }
+        client
+    }
+
+    fn spec(&self, name: &str, group_id: &str, topics: Vec<String>) -> PipelineSpec {
+        let client = self.client(name, &self.config.kafka.consumer);
         let c = &self.config.consumer;
         PipelineSpec {
             name: name.into(),
@@ -107,5 +114,75 @@ impl Shared<'_> {
             Arbiter::current(),
         )
         .context("cannot start the ledger pipeline")
+    }
+}
+
+impl Shared<'_> {
+    /// The status projection: `transfers.settled` + `transfers.rejected` -> `transfers`.
+    ///
+    /// # Errors
+    /// When the consumer cannot be created.
+    pub fn start_projection(&self) -> anyhow::Result<Pipeline> {
+        let cfg = &self.config.projection;
+        let topics = &self.config.kafka.topics;
+        let spec = self.spec(
+            "projection",
+            &cfg.group_id,
+            vec![topics.transfers_settled.clone(), topics.transfers_rejected.clone()],
+        );
+        let stopping = Arc::new(AtomicBool::new(false));
+        let supervision = self.supervision("projection", &cfg.group_id, &cfg.retry, &stopping);
+        Pipeline::start(
+            spec,
+            Arc::new(StatusProjector::new(self.pool.clone(), topics.transfers_settled.clone())),
+            supervision,
+            stopping,
+            self.metrics.clone(),
+            Arbiter::current(),
+        )
+        .context("cannot start the projection pipeline")
+    }
+
+    /// The antifraud stage: `transfers.requested` -> Kafka transactions ->
+    /// `transfers.analyzed` | `transfers.rejected`.
+    ///
+    /// # Errors
+    /// When the consumer or the transactional producer cannot be created.
+    pub fn start_antifraud(&self) -> anyhow::Result<Antifraud> {
+        let cfg = &self.config.antifraud;
+        let topics = &self.config.kafka.topics;
+        let transactional_id = if cfg.transactional_id.is_empty() {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "local".into());
+            format!("tally-antifraud-{host}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+        } else {
+            cfg.transactional_id.clone()
+        };
+        let spec = AntifraudSpec {
+            group_id: cfg.group_id.clone(),
+            input: topics.transfers_requested.clone(),
+            analyzed: topics.transfers_analyzed.clone(),
+            rejected: topics.transfers_rejected.clone(),
+            consumer: self.client("antifraud", &self.config.kafka.consumer),
+            producer: self.client("antifraud", &self.config.kafka.producer),
+            transactional_id,
+            block_limit: cfg.block_score,
+            max_batch: cfg.batch_max_records,
+            max_batch_wait: Duration::from_millis(cfg.batch_max_wait_ms),
+            transaction_timeout: Duration::from_millis(cfg.transaction_timeout_ms),
+            retry: cfg.retry.policy(),
+        };
+        let rules = RiskRules {
+            base: cfg.base_score,
+            amount_tiers: cfg.amount_tiers.clone(),
+            velocity_window: Duration::from_secs(cfg.velocity_window_secs),
+            velocity_max: cfg.velocity_max,
+            velocity_points: cfg.velocity_points,
+        };
+        Antifraud::start(spec, Box::new(RulesRiskEngine::new(rules)), self.metrics.clone())
+            .context("cannot start the antifraud stage")
     }
 }

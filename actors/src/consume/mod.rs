@@ -74,6 +74,9 @@ impl PipelineSpec {
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
             .set("queued.min.messages", "1000")
+            // librdkafka waits up to 500 ms for an empty fetch by default; the mock broker
+            // does not answer early when data arrives, which adds that wait per hop.
+            .set("fetch.wait.max.ms", "25")
             .set_log_level(RDKafkaLogLevel::Warning);
         for (k, v) in self.client.config_map() {
             c.set(k, v);
@@ -188,17 +191,7 @@ struct DriverContext {
 
 impl ClientContext for DriverContext {
     fn stats(&self, stats: Statistics) {
-        let name = &self.shared.spec.name;
-        for (topic, t) in &stats.topics {
-            if !self.shared.spec.topics.contains(topic) {
-                continue;
-            }
-            for (id, p) in &t.partitions {
-                if *id >= 0 && p.consumer_lag >= 0 {
-                    self.shared.metrics.consumer_lag.with_label_values(&[name, &id.to_string()]).set(p.consumer_lag);
-                }
-            }
-        }
+        publish_lag(&self.shared.metrics, &self.shared.spec.name, &self.shared.spec.topics, &stats);
     }
 }
 
@@ -360,6 +353,20 @@ fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: 
         if last_passivation.elapsed() >= Duration::from_secs(5) {
             last_passivation = Instant::now();
             shared.registry.lock().unwrap_or_else(PoisonError::into_inner).passivate_idle();
+        }
+    }
+}
+
+/// Publishes `tally_consumer_lag{pipeline,partition}` from librdkafka statistics.
+pub(crate) fn publish_lag(metrics: &Metrics, pipeline: &str, topics: &[String], stats: &Statistics) {
+    for (topic, t) in &stats.topics {
+        if !topics.contains(topic) {
+            continue;
+        }
+        for (id, p) in &t.partitions {
+            if *id >= 0 && p.consumer_lag >= 0 {
+                metrics.consumer_lag.with_label_values(&[pipeline, &id.to_string()]).set(p.consumer_lag);
+            }
         }
     }
 }

@@ -71,31 +71,7 @@ impl DeadLetters {
         message: &str,
         attempts: u32,
     ) -> Result<(), KafkaError> {
-        let mut hdrs = OwnedHeaders::new_with_capacity(record.headers.len() + 8);
-        for (k, v) in &record.headers {
-            hdrs = hdrs.insert(Header { key: k, value: v.as_deref() });
-        }
-        let partition = record.partition.to_string();
-        let offset = record.offset.to_string();
-        let timestamp = record.timestamp.map(|t| t.to_string()).unwrap_or_default();
-        let attempts = attempts.to_string();
-        // Header values are bounded: a very long error message is cut at a character boundary.
-        let mut msg_end = message.len().min(2048);
-        while !message.is_char_boundary(msg_end) {
-            msg_end -= 1;
-        }
-        for (k, v) in [
-            (headers::DLT_ORIGINAL_TOPIC, record.topic.as_str()),
-            (headers::DLT_ORIGINAL_PARTITION, partition.as_str()),
-            (headers::DLT_ORIGINAL_OFFSET, offset.as_str()),
-            (headers::DLT_ORIGINAL_TIMESTAMP, timestamp.as_str()),
-            (headers::DLT_CONSUMER_GROUP, self.group.as_str()),
-            (headers::DLT_EXCEPTION_KIND, kind),
-            (headers::DLT_EXCEPTION_MESSAGE, &message[..msg_end]),
-            (headers::DLT_ATTEMPTS, attempts.as_str()),
-        ] {
-            hdrs = hdrs.insert(Header { key: k, value: Some(v.as_bytes()) });
-        }
+        let hdrs = dlt_headers(record, &self.group, kind, message, attempts);
         let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(dlt).partition(record.partition).headers(hdrs);
         if let Some(key) = &record.key {
             out = out.key(key.as_slice());
@@ -105,4 +81,35 @@ impl DeadLetters {
         }
         self.producer.send(out, Timeout::After(Duration::from_secs(30))).await.map(|_| ()).map_err(|(e, _)| e)
     }
+}
+
+/// The original headers of `record` plus the `dlt-*` headers of DESIGN.md §4.
+#[must_use]
+pub fn dlt_headers(record: &Record, group: &str, kind: &str, message: &str, attempts: u32) -> OwnedHeaders {
+    let mut hdrs = OwnedHeaders::new_with_capacity(record.headers.len() + 8);
+    for (k, v) in &record.headers {
+        hdrs = hdrs.insert(Header { key: k, value: v.as_deref() });
+    }
+    let partition = record.partition.to_string();
+    let offset = record.offset.to_string();
+    let timestamp = record.timestamp.map(|t| t.to_string()).unwrap_or_default();
+    let attempts = attempts.to_string();
+    // Header values are bounded: a very long error message is cut at a character boundary.
+    let mut msg_end = message.len().min(2048);
+    while !message.is_char_boundary(msg_end) {
+        msg_end -= 1;
+    }
+    for (k, v) in [
+        (headers::DLT_ORIGINAL_TOPIC, record.topic.as_str()),
+        (headers::DLT_ORIGINAL_PARTITION, partition.as_str()),
+        (headers::DLT_ORIGINAL_OFFSET, offset.as_str()),
+        (headers::DLT_ORIGINAL_TIMESTAMP, timestamp.as_str()),
+        (headers::DLT_CONSUMER_GROUP, group),
+        (headers::DLT_EXCEPTION_KIND, kind),
+        (headers::DLT_EXCEPTION_MESSAGE, &message[..msg_end]),
+        (headers::DLT_ATTEMPTS, attempts.as_str()),
+    ] {
+        hdrs = hdrs.insert(Header { key: k, value: Some(v.as_bytes()) });
+    }
+    hdrs
 }

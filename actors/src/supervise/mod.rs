@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tracing::warn;
 
-pub use dlt::{DeadLetters, Stopping};
+pub use dlt::{dlt_headers, DeadLetters, Stopping};
 pub use policy::{Classify, ErrorClass, HandlerError, RetryPolicy};
 
 use crate::consume::Record;
