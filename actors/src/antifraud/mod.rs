@@ -29,7 +29,7 @@ use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, Statistics, TopicPartitionList};
 use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRejected, TransferRequested};
 use tally_schema::{headers, topics, AccountId, Currency, EventType};
@@ -251,7 +251,12 @@ impl Antifraud {
     }
 }
 
-fn new_producer(spec: &AntifraudSpec) -> KafkaResult<BaseProducer> {
+/// A producer that serves its delivery reports on a thread of its own: transaction calls
+/// (abort in particular) wait until every outstanding report was served, which a producer
+/// polled only by this loop could never do while the loop waits in the call.
+type TxnProducer = ThreadedProducer<DefaultProducerContext>;
+
+fn new_producer(spec: &AntifraudSpec) -> KafkaResult<TxnProducer> {
     let mut config = ClientConfig::new();
     config.set("acks", "all").set("linger.ms", "5").set("compression.type", "zstd");
     for (k, v) in spec.producer.config_map() {
@@ -261,14 +266,14 @@ fn new_producer(spec: &AntifraudSpec) -> KafkaResult<BaseProducer> {
         .set("transactional.id", &spec.transactional_id)
         .set("enable.idempotence", "true")
         .set("transaction.timeout.ms", spec.transaction_timeout.as_millis().to_string());
-    let producer: BaseProducer = config.create()?;
+    let producer: TxnProducer = config.create()?;
     producer.init_transactions(spec.transaction_timeout)?;
     Ok(producer)
 }
 
 fn drive(
     consumer: &BaseConsumer<AntifraudContext>,
-    mut producer: BaseProducer,
+    mut producer: TxnProducer,
     spec: &AntifraudSpec,
     mut risk: Box<dyn RiskEngine>,
     metrics: &Metrics,
@@ -389,7 +394,7 @@ fn next_offsets(batch: &[Record]) -> TopicPartitionList {
 }
 
 fn transact(
-    producer: &BaseProducer,
+    producer: &TxnProducer,
     consumer: &BaseConsumer<AntifraudContext>,
     outputs: &[Output],
     offsets: &TopicPartitionList,
@@ -412,7 +417,7 @@ fn transact(
             match producer.send(pending) {
                 Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    producer.poll(Duration::from_millis(50));
+                    std::thread::sleep(Duration::from_millis(5));
                     pending = back;
                 }
                 Err((e, _)) => return Err(e),
@@ -421,8 +426,18 @@ fn transact(
     }
     // Without group metadata the offsets cannot join the transaction: abort and retry.
     let group = consumer.group_metadata().ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::InvalidGroupId))?;
+    let produced = Instant::now();
     producer.send_offsets_to_transaction(offsets, &group, spec.transaction_timeout)?;
-    producer.commit_transaction(spec.transaction_timeout)
+    let offsets_sent = Instant::now();
+    producer.commit_transaction(spec.transaction_timeout)?;
+    tracing::debug!(
+        pipeline = PIPELINE,
+        records = outputs.len(),
+        send_offsets_ms = (offsets_sent - produced).as_millis() as u64,
+        commit_ms = offsets_sent.elapsed().as_millis() as u64,
+        "Transaction committed."
+    );
+    Ok(())
 }
 
 fn needs_new_producer(e: &KafkaError) -> bool {

@@ -1,0 +1,225 @@
+//! The whole transfer flow, end to end: POST /transfers -> outbox -> antifraud (Kafka
+//! transactions) -> ledger -> outbox -> projection -> GET /transfers/{id}.
+//!
+//! Broker: unless a test says otherwise, the embedded broker (librdkafka's mock cluster, 3
+//! brokers, in this process). The mock does not hide aborted records from read_committed
+//! consumers and does not store offsets sent in a transaction, so these tests assert that
+//! downstream stages stay exactly-once in effect (derived ids + the ledger inbox); the
+//! read_committed isolation test runs only against a real cluster (`TALLY_TEST_KAFKA`).
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
+
+use rdkafka::types::RDKafkaRespErr;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tally_engine::broker::api_key;
+use tally_integration_tests::{json_body, metric_value, read_topic, spawn_app, wait_until, Deadline, TestApp, TestDb};
+use uuid::Uuid;
+
+async fn account(app: &TestApp, id: &str, balance: i64, currency: &str) {
+    let res =
+        app.post_json("/accounts", &json!({ "id": id, "currency": currency, "initialBalanceCents": balance })).await;
+    assert_eq!(res.status(), StatusCode::CREATED, "create account {id}");
+}
+
+async fn transfer(app: &TestApp, from: &str, to: &str, amount: i64) -> Uuid {
+    let res = app
+        .post_json(
+            "/transfers",
+            &json!({ "sourceAccount": from, "destinationAccount": to, "amountCents": amount, "currency": "BRL" }),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED, "POST /transfers");
+    serde_json::from_value(json_body(res).await["id"].clone()).expect("transfer id")
+}
+
+/// Waits until the transfer leaves PENDING and returns its view.
+async fn final_state(app: &TestApp, id: Uuid) -> Value {
+    wait_until(&format!("transfer {id} reaches a final status"), Deadline::DEFAULT, || async {
+        let body = json_body(app.get(&format!("/transfers/{id}")).await).await;
+        if body["status"] == "PENDING" {
+            Err(body.to_string())
+        } else {
+            Ok(body)
+        }
+    })
+    .await
+}
+
+async fn postings_of(db: &TestDb, id: Uuid) -> i64 {
+    db.scalar_i64("SELECT count(*) FROM postings WHERE transfer_id = $1", &[&id]).await
+}
+
+async fn balance(app: &TestApp, id: &str) -> i64 {
+    json_body(app.get(&format!("/accounts/{id}")).await).await["balanceCents"].as_i64().expect("balanceCents")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_reach_their_final_status_end_to_end() {
+    let (env, app) = spawn_app(|_| {}).await;
+    account(&app, "F-A", 100_000_000, "BRL").await;
+    account(&app, "F-B", 0, "BRL").await;
+    account(&app, "F-USD", 0, "USD").await;
+
+    let ok = transfer(&app, "F-A", "F-B", 30_000).await;
+    let blocked = transfer(&app, "F-A", "F-B", 20_000_000).await; // over the block tier
+    let poor = transfer(&app, "F-B", "F-A", 5_000_000).await; // F-B holds 30,000 at most
+    let unknown = transfer(&app, "F-A", "F-NOPE", 100).await;
+    let currency = transfer(&app, "F-A", "F-USD", 100).await;
+
+    let v = final_state(&app, ok).await;
+    assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("SETTLED"), None));
+    assert_ne!(v["updatedAt"], v["createdAt"]);
+    for (id, reason) in [
+        (blocked, "BLOCKED_BY_ANTIFRAUD"),
+        (poor, "INSUFFICIENT_FUNDS"),
+        (unknown, "ACCOUNT_NOT_FOUND"),
+        (currency, "CURRENCY_MISMATCH"),
+    ] {
+        let v = final_state(&app, id).await;
+        assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("REJECTED"), Some(reason)), "{id}");
+        assert_eq!(postings_of(&env.db, id).await, 0, "{reason}: no postings");
+    }
+    assert_eq!(postings_of(&env.db, ok).await, 2);
+    assert_eq!(balance(&app, "F-A").await, 100_000_000 - 30_000);
+    assert_eq!(balance(&app, "F-B").await, 30_000);
+    // The antifraud block never reached the ledger.
+    assert_eq!(
+        env.db.scalar_i64("SELECT count(*) FROM processed_transfers WHERE transfer_id = $1", &[&blocked]).await,
+        0
+    );
+    // The mock shows records before their transaction commits, so downstream may finish
+    // before the commit returns: wait for it rather than read it once.
+    let metrics = wait_until("a committed Kafka transaction", Deadline::DEFAULT, || async {
+        let m = app.metrics().await;
+        let committed = metric_value(&m, r#"tally_kafka_transactions_total{outcome="committed"}"#).unwrap_or(0.0);
+        if committed >= 1.0 {
+            Ok(m)
+        } else {
+            Err(format!("{committed} committed"))
+        }
+    })
+    .await;
+    assert!(metrics.contains("tally_antifraud_score_bucket"), "score histogram exposed");
+    let check = json_body(app.admin_get("/admin/ledger/check").await).await;
+    assert_eq!(check["ok"], true, "{check}");
+}
+
+/// The outbox republishes a TransferRequested (a crash between ack and mark does this):
+/// one analysis id, one settlement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_republished_request_is_analyzed_under_one_id_and_settled_once() {
+    let (env, app) = spawn_app(|_| {}).await;
+    account(&app, "D-A", 1_000_000, "BRL").await;
+    account(&app, "D-B", 0, "BRL").await;
+    let id = transfer(&app, "D-A", "D-B", 700).await;
+    assert_eq!(final_state(&app, id).await["status"], "SETTLED");
+    // Publish the same TransferRequested row again.
+    let n = env
+        .db
+        .execute(
+            "UPDATE outbox_events SET published_at = NULL WHERE topic = 'transfers.requested' AND payload::jsonb->>'transferId' = $1",
+            &[&id.to_string()],
+        )
+        .await;
+    assert_eq!(n, 1);
+    let analyzed = wait_until("the republished request is analyzed again", Deadline::DEFAULT, || async {
+        let records =
+            read_topic(env.bootstrap(), "transfers.analyzed", Deadline::secs(10)).await.map_err(|e| e.to_string())?;
+        let mine: Vec<_> = records.into_iter().filter(|r| r.payload_json()["transferId"] == json!(id)).collect();
+        if mine.len() >= 2 {
+            Ok(mine)
+        } else {
+            Err(format!("{} analyses", mine.len()))
+        }
+    })
+    .await;
+    let ids: std::collections::HashSet<String> =
+        analyzed.iter().map(|r| r.payload_json()["eventId"].to_string()).collect();
+    assert_eq!(ids.len(), 1, "one analysis id for both deliveries: {ids:?}");
+    assert_eq!(analyzed[0].header("event-id"), analyzed[1].header("event-id"));
+    wait_until("the ledger sees the second analysis as a duplicate", Deadline::DEFAULT, || async {
+        let m = app.metrics().await;
+        let dup = metric_value(&m, r#"tally_records_total{outcome="duplicate",pipeline="ledger"}"#).unwrap_or(0.0);
+        if dup >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{dup} duplicates"))
+        }
+    })
+    .await;
+    assert_eq!(postings_of(&env.db, id).await, 2, "settled once");
+    assert_eq!(balance(&app, "D-B").await, 700);
+}
+
+/// Errors injected into the Kafka transaction (the mock's request_errors): transactions
+/// abort and the batches are redone; every transfer still ends settled exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_mid_transaction_abort_and_redo_without_double_effects() {
+    let (env, app) = spawn_app(|c| {
+        c.antifraud.retry.initial_ms = 50;
+        c.antifraud.retry.max_ms = 200;
+    })
+    .await;
+    account(&app, "X-A", 1_000_000, "BRL").await;
+    account(&app, "X-B", 0, "BRL").await;
+    // Fail the next commits of transactions (EndTxn) and their offset commits.
+    env.broker.push_request_errors(api_key::END_TXN, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TXN_STATE; 2]);
+    env.broker.push_request_errors(api_key::TXN_OFFSET_COMMIT, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN; 2]);
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(transfer(&app, "X-A", "X-B", 100 + i).await);
+    }
+    for id in &ids {
+        assert_eq!(final_state(&app, *id).await["status"], "SETTLED", "{id}");
+        assert_eq!(postings_of(&env.db, *id).await, 2, "{id} settled exactly once");
+    }
+    let expected: i64 = (0..20).map(|i| 100 + i).sum();
+    assert_eq!(balance(&app, "X-B").await, expected);
+    let m = app.metrics().await;
+    let aborted = metric_value(&m, r#"tally_kafka_transactions_total{outcome="aborted"}"#).unwrap_or(0.0);
+    assert!(aborted >= 1.0, "the injected errors aborted at least one transaction ({aborted})");
+    let check = json_body(app.admin_get("/admin/ledger/check").await).await;
+    assert_eq!(check["ok"], true, "{check}");
+}
+
+/// Real cluster only (`TALLY_TEST_KAFKA=host:port`): records of an aborted transaction are
+/// invisible to read_committed consumers, and the committed ones are visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real Kafka cluster: set TALLY_TEST_KAFKA=host:port and run make test-kafka"]
+async fn read_committed_hides_aborted_transactions_on_a_real_cluster() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use std::time::Duration;
+    let bootstrap = std::env::var("TALLY_TEST_KAFKA").expect("TALLY_TEST_KAFKA names a real cluster");
+    let topic = format!("tally-isolation-{}", Uuid::new_v4().simple());
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("transactional.id", format!("tally-test-{}", Uuid::new_v4().simple()))
+        .create()
+        .expect("transactional producer");
+    producer.init_transactions(Duration::from_secs(30)).expect("init");
+    producer.begin_transaction().expect("begin");
+    producer.send(BaseRecord::to(&topic).key("k").payload("aborted")).map_err(|(e, _)| e).expect("send");
+    producer.flush(Duration::from_secs(30)).expect("flush");
+    producer.abort_transaction(Duration::from_secs(30)).expect("abort");
+    producer.begin_transaction().expect("begin");
+    producer.send(BaseRecord::to(&topic).key("k").payload("committed")).map_err(|(e, _)| e).expect("send");
+    producer.commit_transaction(Duration::from_secs(30)).expect("commit");
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", format!("tally-test-{}", Uuid::new_v4().simple()))
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while seen.is_empty() && std::time::Instant::now() < deadline {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(500)) {
+            seen.push(rdkafka::Message::payload(&m).map(<[u8]>::to_vec));
+        }
+    }
+    assert_eq!(seen, vec![Some(b"committed".to_vec())], "only the committed record is visible");
+}
