@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests create a fresh database per test on this server.
 export TALLY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: help run test lint fmt migrate broker schema db bench
+.PHONY: help run test test-kafka lint fmt migrate broker schema db bench
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -18,6 +18,10 @@ run: db ## Run the daemon on the embedded defaults (local PostgreSQL, in-process
 
 test: db ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
 	$(CARGO) test --workspace --all-targets --no-fail-fast
+
+test-kafka: db ## Tests that need a real Kafka cluster (set TALLY_TEST_KAFKA=host:port)
+	@test -n "$$TALLY_TEST_KAFKA" || { echo "Set TALLY_TEST_KAFKA=host:port of a real cluster."; exit 2; }
+	$(CARGO) test -p tally-integration-tests --test flow -- --ignored
 
 lint: ## fmt check, clippy -D warnings on all targets, docs
 	$(CARGO) fmt --all -- --check

@@ -223,3 +223,34 @@ async fn read_committed_hides_aborted_transactions_on_a_real_cluster() {
     }
     assert_eq!(seen, vec![Some(b"committed".to_vec())], "only the committed record is visible");
 }
+
+/// The projection is monotonic: a late or contradictory event never moves a final state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_events_never_move_a_final_status() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let (env, app) = spawn_app(|_| {}).await;
+    account(&app, "M-A", 1_000_000, "BRL").await;
+    account(&app, "M-B", 0, "BRL").await;
+    let id = transfer(&app, "M-A", "M-B", 500).await;
+    let settled = final_state(&app, id).await;
+    assert_eq!(settled["status"], "SETTLED");
+    let producer: FutureProducer =
+        ClientConfig::new().set("bootstrap.servers", env.bootstrap()).create().expect("producer");
+    let late = json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": "INSUFFICIENT_FUNDS", "rejectedAt": "2026-11-30T00:00:00Z" });
+    let payload = late.to_string();
+    producer
+        .send(FutureRecord::to("transfers.rejected").key("M-A").payload(&payload), std::time::Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce a late rejection");
+    wait_until("the projection handles the late rejection", Deadline::DEFAULT, || async {
+        let m = app.metrics().await;
+        let unchanged = metric_value(&m, r#"tally_records_total{outcome="unchanged",pipeline="projection"}"#).unwrap_or(0.0);
+        if unchanged >= 1.0 { Ok(()) } else { Err(format!("{unchanged} unchanged")) }
+    })
+    .await;
+    let after = json_body(app.get(&format!("/transfers/{id}")).await).await;
+    assert_eq!(after["status"], "SETTLED", "a final state does not move");
+    assert_eq!(after["updatedAt"], settled["updatedAt"]);
+}
