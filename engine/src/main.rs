@@ -75,6 +75,21 @@ enum BenchScenario {
         #[arg(long)]
         no_baseline: bool,
     },
+    /// HTTP load through every pipeline: a fixed offered rate, then an open loop.
+    E2e {
+        /// Offered transfers per second in the fixed-rate phase.
+        #[arg(long, default_value_t = 500)]
+        rate: u32,
+        #[arg(long, default_value_t = 20)]
+        rate_seconds: u64,
+        #[arg(long, default_value_t = 30)]
+        max_seconds: u64,
+        /// Concurrent clients in the open-loop phase.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 10_000)]
+        accounts: usize,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,6 +122,12 @@ fn main() -> ExitCode {
             tally_engine::bench::ledger::run(
                 &config,
                 &tally_engine::bench::ledger::Args { transfers, accounts, partitions, baseline: !no_baseline },
+            )
+        }
+        Command::Bench { scenario: BenchScenario::E2e { rate, rate_seconds, max_seconds, clients, accounts } } => {
+            tally_engine::bench::e2e::run(
+                &config,
+                &tally_engine::bench::e2e::Args { rate, rate_seconds, max_seconds, clients, accounts },
             )
         }
     };

@@ -246,8 +246,13 @@ async fn late_events_never_move_a_final_status() {
         .expect("produce a late rejection");
     wait_until("the projection handles the late rejection", Deadline::DEFAULT, || async {
         let m = app.metrics().await;
-        let unchanged = metric_value(&m, r#"tally_records_total{outcome="unchanged",pipeline="projection"}"#).unwrap_or(0.0);
-        if unchanged >= 1.0 { Ok(()) } else { Err(format!("{unchanged} unchanged")) }
+        let unchanged =
+            metric_value(&m, r#"tally_records_total{outcome="unchanged",pipeline="projection"}"#).unwrap_or(0.0);
+        if unchanged >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{unchanged} unchanged"))
+        }
     })
     .await;
     let after = json_body(app.get(&format!("/transfers/{id}")).await).await;

@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{histogram_quantile, metric_sum, peak_rss_mib, write_report, Progress};
+use super::{fresh_database, histogram_quantile, http_get, metric_sum, peak_rss_mib, write_report, Progress};
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, LedgerMode, LogFormat, Secret};
 
@@ -77,9 +77,7 @@ impl Rng {
     }
 }
 
-fn account(i: usize) -> String {
-    format!("ACC-{i:05}")
-}
+use super::account;
 
 /// Runs the scenario.
 ///
@@ -181,21 +179,8 @@ fn run_once(
         LedgerMode::Batched => "tally",
         LedgerMode::Seed => "seed-baseline",
     };
-    let db_name = format!("tally_bench_{}", label.replace('-', "_"));
-    let mut server: tokio_postgres::Config = base.database.url.expose().parse()?;
-    server.dbname(&db_name);
-    let url = format!(
-        "postgres://{}@{}:{}/{db_name}",
-        server.get_user().unwrap_or("postgres"),
-        match server.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-            _ => "127.0.0.1".into(),
-        },
-        server.get_ports().first().copied().unwrap_or(5432)
-    );
-    runtime.block_on(reset_database(base.database.url.expose(), &db_name))?;
-    crate::database::prepare_blocking(&url)?;
-    runtime.block_on(create_accounts(&url, args.accounts))?;
+    let url =
+        runtime.block_on(fresh_database(base, &format!("tally_bench_{}", label.replace('-', "_")), args.accounts))?;
 
     let mut config = base.clone();
     config.database.url = Secret::new(url);
@@ -256,47 +241,6 @@ fn run_once(
     daemon.stop();
     eprintln!("  {label}: {:.0} records/s over {:.1} s", report.records_per_second, report.seconds);
     Ok(report)
-}
-
-async fn reset_database(server_url: &str, name: &str) -> anyhow::Result<()> {
-    let mut admin: tokio_postgres::Config = server_url.parse()?;
-    admin.dbname("postgres");
-    let (client, conn) = admin.connect(tokio_postgres::NoTls).await.context("cannot reach PostgreSQL")?;
-    let driver = tokio::spawn(conn);
-    client.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await?;
-    drop(client);
-    let _ = driver.await;
-    Ok(())
-}
-
-async fn create_accounts(url: &str, n: usize) -> anyhow::Result<()> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    let driver = tokio::spawn(conn);
-    let n = i32::try_from(n).context("too many accounts")?;
-    client
-        .execute(
-            "INSERT INTO accounts (id, balance_cents, currency) \
-             SELECT 'ACC-' || lpad(i::text, 5, '0'), 1000000, 'BRL' FROM generate_series(0, $1 - 1) AS i",
-            &[&n],
-        )
-        .await?;
-    drop(client);
-    let _ = driver.await;
-    Ok(())
-}
-
-async fn http_get(url: &str) -> anyhow::Result<String> {
-    // A minimal HTTP/1.1 GET over loopback; the bench needs no client library.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url.strip_prefix("http://").context("http URL")?;
-    let (host, path) = rest.split_once('/').map_or((rest, "/".to_owned()), |(h, p)| (h, format!("/{p}")));
-    let mut stream = tokio::net::TcpStream::connect(host).await?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
-    let mut body = Vec::new();
-    stream.read_to_end(&mut body).await?;
-    let text = String::from_utf8_lossy(&body);
-    let (_, body) = text.split_once("\r\n\r\n").context("malformed HTTP response")?;
-    Ok(body.to_owned())
 }
 
 fn print_table(r: &Report) {

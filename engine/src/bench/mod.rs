@@ -2,6 +2,7 @@
 //! an embedded broker. Progress goes to stderr, a table to stdout, JSON to `target/bench/`.
 //! Figures are measured and reported, never asserted.
 
+pub mod e2e;
 pub mod ledger;
 
 use std::path::PathBuf;
@@ -31,6 +32,24 @@ pub fn write_report<T: Serialize>(name: &str, report: &T) -> anyhow::Result<Path
     std::fs::write(&path, serde_json::to_vec_pretty(report)?)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
+}
+
+/// GETs `url` and returns the body.
+///
+/// # Errors
+/// When the request fails or answers an error status.
+pub async fn http_get(url: &str) -> anyhow::Result<String> {
+    Ok(reqwest::get(url).await?.error_for_status()?.text().await?)
+}
+
+/// Quantile `q` of `sorted` (nearest rank), or `None` when empty.
+#[must_use]
+pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
 }
 
 /// The value of the series `series` (exact text before the value) in Prometheus text.
@@ -81,6 +100,62 @@ pub fn histogram_quantile(text: &str, name: &str, filter: &str, q: f64) -> Optio
         prev = (le, count);
     }
     None
+}
+
+/// The id of bench account `i` (see [`fresh_database`]).
+#[must_use]
+pub fn account(i: usize) -> String {
+    format!("ACC-{i:05}")
+}
+
+/// Drops and re-creates database `name` on the server of `database.url`, migrates it, and
+/// creates `accounts` accounts `ACC-00000`.. with 1,000,000 cents each. Returns its URL.
+///
+/// # Errors
+/// When PostgreSQL is unreachable or refuses.
+pub async fn fresh_database(base: &crate::Config, name: &str, accounts: usize) -> anyhow::Result<String> {
+    let server: tokio_postgres::Config = base.database.url.expose().parse()?;
+    let url = format!(
+        "postgres://{}@{}:{}/{name}",
+        server.get_user().unwrap_or("postgres"),
+        match server.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+            _ => "127.0.0.1".into(),
+        },
+        server.get_ports().first().copied().unwrap_or(5432)
+    );
+    reset_database(base.database.url.expose(), name).await?;
+    let migrate_url = url.clone();
+    tokio::task::spawn_blocking(move || crate::database::prepare_blocking(&migrate_url)).await??;
+    create_accounts(&url, accounts).await?;
+    Ok(url)
+}
+
+async fn reset_database(server_url: &str, name: &str) -> anyhow::Result<()> {
+    let mut admin: tokio_postgres::Config = server_url.parse()?;
+    admin.dbname("postgres");
+    let (client, conn) = admin.connect(tokio_postgres::NoTls).await.context("cannot reach PostgreSQL")?;
+    let driver = tokio::spawn(conn);
+    client.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await?;
+    drop(client);
+    let _ = driver.await;
+    Ok(())
+}
+
+async fn create_accounts(url: &str, n: usize) -> anyhow::Result<()> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let driver = tokio::spawn(conn);
+    let n = i32::try_from(n).context("too many accounts")?;
+    client
+        .execute(
+            "INSERT INTO accounts (id, balance_cents, currency) \
+             SELECT 'ACC-' || lpad(i::text, 5, '0'), 1000000, 'BRL' FROM generate_series(0, $1 - 1) AS i",
+            &[&n],
+        )
+        .await?;
+    drop(client);
+    let _ = driver.await;
+    Ok(())
 }
 
 /// Prints a progress line to stderr at most every `every`.

@@ -1,0 +1,255 @@
+//! `tally bench e2e`: HTTP load on the whole flow (intake -> outbox -> antifraud -> ledger
+//! -> outbox -> projection) with every pipeline in one daemon.
+//!
+//! 1. A fixed offered rate (default 500/s) for a while: latency from the intake commit to
+//!    the projection's commit of the final status (`updated_at - created_at`), p50/p99.
+//! 2. Open loop at the maximum (many concurrent clients): sustained transfers/s from POST
+//!    to a final status, measured as final transfers over the span from the first
+//!    creation to the last final update.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use super::{account, fresh_database, peak_rss_mib, quantile, write_report, Progress};
+use crate::broker::EmbeddedBroker;
+use crate::config::{Config, Secret};
+
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub rate: u32,
+    pub rate_seconds: u64,
+    pub max_seconds: u64,
+    pub clients: usize,
+    pub accounts: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Phase {
+    pub name: String,
+    pub offered_per_second: Option<u32>,
+    pub sent: usize,
+    pub http_errors: usize,
+    pub finished: i64,
+    /// Final transfers / (last final update - first creation).
+    pub sustained_per_second: f64,
+    pub post_p50_ms: Option<f64>,
+    pub post_p99_ms: Option<f64>,
+    /// Intake commit to final status commit.
+    pub final_p50_ms: Option<f64>,
+    pub final_p99_ms: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Report {
+    scenario: &'static str,
+    accounts: usize,
+    phases: Vec<Phase>,
+    peak_rss_mib: Option<f64>,
+    ledger_invariants_ok: bool,
+}
+
+/// Runs the scenario.
+///
+/// # Errors
+/// When the database, the broker or the daemon fail.
+pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
+    if args.accounts < 2 || args.rate == 0 || args.clients == 0 {
+        bail!("need at least 2 accounts, a positive rate and at least 1 client");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let url = runtime.block_on(fresh_database(base, "tally_bench_e2e", args.accounts))?;
+    let broker = Arc::new(EmbeddedBroker::start(1)?);
+    let mut config = base.clone();
+    config.database.url = Secret::new(url.clone());
+    config.kafka.brokers = "embedded".into();
+    config.kafka.embedded_brokers = 1;
+    config.kafka.replication_factor = 1;
+    config.http.intake_addr = ([127, 0, 0, 1], 0).into();
+    config.http.admin_addr = ([127, 0, 0, 1], 0).into();
+    eprintln!("e2e bench: starting a daemon with every pipeline");
+    let daemon = crate::spawn(config, Some(broker))?;
+    let intake = format!("http://{}", daemon.intake_addr);
+    let client = reqwest::Client::builder().pool_max_idle_per_host(args.clients).build()?;
+    // Let every consumer group join before load starts.
+    runtime.block_on(warm_up(&client, &intake, &url))?;
+
+    let mut phases = Vec::new();
+    let rate_phase = runtime.block_on(load(&client, &intake, &url, args, Some(args.rate)))?;
+    phases.push(rate_phase);
+    let max_phase = runtime.block_on(load(&client, &intake, &url, args, None))?;
+    phases.push(max_phase);
+    let check = runtime.block_on(super::http_get(&format!("http://{}/admin/ledger/check", daemon.admin_addr)))?;
+    let check: serde_json::Value = serde_json::from_str(&check)?;
+    let report = Report {
+        scenario: "e2e",
+        accounts: args.accounts,
+        phases,
+        peak_rss_mib: peak_rss_mib(),
+        ledger_invariants_ok: check["ok"] == true,
+    };
+    daemon.stop();
+    print_table(&report);
+    let path = write_report("e2e", &report)?;
+    println!("JSON: {}", path.display());
+    Ok(())
+}
+
+async fn post(client: &reqwest::Client, intake: &str, n: usize, accounts: usize) -> anyhow::Result<()> {
+    let from = (n * 7_919) % accounts;
+    let to = (from + 1 + (n * 104_729) % (accounts - 1)) % accounts;
+    let body = json!({
+        "sourceAccount": account(from), "destinationAccount": account(to),
+        "amountCents": 1 + (n % 500) as i64, "currency": "BRL",
+    });
+    let res = client.post(format!("{intake}/transfers")).json(&body).send().await?;
+    if res.status() != reqwest::StatusCode::CREATED {
+        bail!("POST /transfers answered {}", res.status());
+    }
+    Ok(())
+}
+
+async fn warm_up(client: &reqwest::Client, intake: &str, url: &str) -> anyhow::Result<()> {
+    post(client, intake, 0, 2).await?;
+    wait_final(url, Duration::from_secs(120)).await?;
+    clear(url).await
+}
+
+async fn db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+/// Waits until no transfer is PENDING.
+async fn wait_final(url: &str, limit: Duration) -> anyhow::Result<()> {
+    let client = db(url).await?;
+    let started = Instant::now();
+    let mut progress = Progress::new(Duration::from_secs(2));
+    loop {
+        let pending: i64 =
+            client.query_one("SELECT count(*) FROM transfers WHERE status = 'PENDING'", &[]).await?.get(0);
+        if pending == 0 {
+            return Ok(());
+        }
+        progress.tick(|| format!("waiting for {pending} transfers to reach a final status"));
+        if started.elapsed() > limit {
+            bail!("{pending} transfers still PENDING after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Forgets finished transfers between phases (the measurements read `transfers`).
+async fn clear(url: &str) -> anyhow::Result<()> {
+    db(url).await?.batch_execute("DELETE FROM transfers WHERE status <> 'PENDING'").await?;
+    Ok(())
+}
+
+async fn load(
+    client: &reqwest::Client,
+    intake: &str,
+    url: &str,
+    args: &Args,
+    rate: Option<u32>,
+) -> anyhow::Result<Phase> {
+    let name = rate.map_or_else(|| format!("open loop, {} clients", args.clients), |r| format!("{r}/s offered"));
+    let seconds = if rate.is_some() { args.rate_seconds } else { args.max_seconds };
+    eprintln!("e2e bench: {name} for {seconds} s");
+    let permits = Arc::new(Semaphore::new(if rate.is_some() { 1_000 } else { args.clients }));
+    let started = Instant::now();
+    let until = started + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    let mut n = 0_usize;
+    let mut progress = Progress::new(Duration::from_secs(2));
+    while Instant::now() < until {
+        if let Some(r) = rate {
+            let due = started + Duration::from_secs_f64(n as f64 / f64::from(r));
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let permit = Arc::clone(&permits).acquire_owned().await.context("load permits")?;
+        let (client, intake, accounts) = (client.clone(), intake.to_owned(), args.accounts);
+        tasks.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            let result = post(&client, &intake, n + 1, accounts).await;
+            drop(permit);
+            (sent.elapsed().as_secs_f64() * 1000.0, result.is_ok())
+        }));
+        n += 1;
+        progress.tick(|| format!("{name}: sent {n}"));
+    }
+    let mut post_ms = Vec::with_capacity(tasks.len());
+    let mut errors = 0;
+    for t in tasks {
+        let (ms, ok) = t.await?;
+        post_ms.push(ms);
+        errors += usize::from(!ok);
+    }
+    post_ms.sort_by(f64::total_cmp);
+    wait_final(url, Duration::from_secs(600)).await?;
+    let client_db = db(url).await?;
+    let row = client_db
+        .query_one(
+            "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM max(updated_at) - min(created_at)), 0)::float8 \
+             FROM transfers WHERE status <> 'PENDING'",
+            &[],
+        )
+        .await?;
+    let finished: i64 = row.get(0);
+    let span: f64 = row.get(1);
+    let mut final_ms: Vec<f64> = client_db
+        .query("SELECT (EXTRACT(EPOCH FROM updated_at - created_at) * 1000)::float8 FROM transfers WHERE status <> 'PENDING'", &[])
+        .await?
+        .iter()
+        .map(|r| r.get::<_, f64>(0))
+        .collect();
+    final_ms.sort_by(f64::total_cmp);
+    clear(url).await?;
+    Ok(Phase {
+        name,
+        offered_per_second: rate,
+        sent: n,
+        http_errors: errors,
+        finished,
+        sustained_per_second: if span > 0.0 { finished as f64 / span } else { 0.0 },
+        post_p50_ms: quantile(&post_ms, 0.5),
+        post_p99_ms: quantile(&post_ms, 0.99),
+        final_p50_ms: quantile(&final_ms, 0.5),
+        final_p99_ms: quantile(&final_ms, 0.99),
+    })
+}
+
+fn print_table(r: &Report) {
+    let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    println!();
+    println!("e2e bench: {} accounts; POST /transfers -> final status through every pipeline", r.accounts);
+    println!(
+        "{:<26} {:>8} {:>7} {:>9} {:>12} {:>10} {:>10} {:>11} {:>11}",
+        "phase", "sent", "errors", "finished", "final/s", "POST p50", "POST p99", "final p50", "final p99"
+    );
+    for p in &r.phases {
+        println!(
+            "{:<26} {:>8} {:>7} {:>9} {:>12.0} {:>10} {:>10} {:>11} {:>11}",
+            p.name,
+            p.sent,
+            p.http_errors,
+            p.finished,
+            p.sustained_per_second,
+            opt(p.post_p50_ms),
+            opt(p.post_p99_ms),
+            opt(p.final_p50_ms),
+            opt(p.final_p99_ms)
+        );
+    }
+    println!(
+        "latencies in ms; peak RSS {} MiB; ledger invariants {}",
+        opt(r.peak_rss_mib),
+        if r.ledger_invariants_ok { "ok" } else { "VIOLATED" }
+    );
+}
