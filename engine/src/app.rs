@@ -143,6 +143,8 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         expected_migrations,
         kafka_probe: producer,
         admin_token: config.http.admin_token.clone(),
+        bootstrap: kafka.bootstrap.clone(),
+        kafka: config.kafka.clone(),
     });
     let intake = http::intake_server(state.clone(), &config.http)
         .with_context(|| format!("cannot bind the intake listener on {}", config.http.intake_addr))?;

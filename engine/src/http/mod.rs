@@ -2,6 +2,7 @@
 //! metrics, operations). Both answer errors as JSON and count requests per route.
 
 pub mod admin;
+pub mod auth;
 pub mod error;
 pub mod intake;
 
@@ -28,6 +29,9 @@ pub struct AppState {
     /// A client used to fetch Kafka metadata for `/readyz`.
     pub kafka_probe: FutureProducer,
     pub admin_token: Secret,
+    /// Kafka bootstrap servers and settings, for admin operations (DLT browsing, replay).
+    pub bootstrap: String,
+    pub kafka: crate::config::KafkaConfig,
 }
 
 /// A bound, not yet running, HTTP server and its address.
