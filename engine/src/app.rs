@@ -107,6 +107,9 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
     if config.pipelines.ledger {
         running.push(shared.start_ledger()?);
     }
+    if config.pipelines.orders {
+        running.push(shared.start_orders()?);
+    }
 
     let wake = Arc::new(Notify::new());
     let (listener_stop, listener_rx) = watch::channel(false);

@@ -65,6 +65,7 @@ pub struct Config {
     pub pipelines: PipelinesConfig,
     pub consumer: ConsumerConfig,
     pub ledger: LedgerConfig,
+    pub orders: OrdersConfig,
     pub log: LogConfig,
 }
 
@@ -141,6 +142,8 @@ pub struct PipelinesConfig {
     pub outbox: bool,
     /// Settle `transfers.analyzed` into the double-entry ledger.
     pub ledger: bool,
+    /// Materialise `orders.received` into `received_orders`.
+    pub orders: bool,
 }
 
 /// Consumption limits shared by every pipeline.
@@ -188,6 +191,14 @@ pub struct LedgerConfig {
     pub max_concurrent_batches: usize,
     /// How long a partial batch waits for more transfers while another batch runs.
     pub linger_ms: u64,
+    pub retry: RetryConfig,
+}
+
+/// The order materializer (seed 000): `orders.received` -> `received_orders`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrdersConfig {
+    pub group_id: String,
     pub retry: RetryConfig,
 }
 
@@ -274,7 +285,7 @@ impl Default for OutboxConfig {
 
 impl Default for PipelinesConfig {
     fn default() -> Self {
-        Self { outbox: true, ledger: true }
+        Self { outbox: true, ledger: true, orders: true }
     }
 }
 
@@ -300,6 +311,12 @@ impl Default for LedgerConfig {
             linger_ms: 2,
             retry: RetryConfig::default(),
         }
+    }
+}
+
+impl Default for OrdersConfig {
+    fn default() -> Self {
+        Self { group_id: "tally-orders".into(), retry: RetryConfig::default() }
     }
 }
 
@@ -479,6 +496,13 @@ impl Config {
             return invalid("ledger.max_concurrent_batches", "must be between 1 and database.pool_size");
         }
         self.ledger.retry.validate("ledger.retry")?;
+        if self.orders.group_id.trim().is_empty() {
+            return invalid("orders.group_id", "must not be empty");
+        }
+        if self.orders.group_id == self.ledger.group_id {
+            return invalid("orders.group_id", "must differ from ledger.group_id");
+        }
+        self.orders.retry.validate("orders.retry")?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return invalid("log.level", "is not a valid tracing filter (e.g. \"info\")");
         }
@@ -541,6 +565,24 @@ mod tests {
         assert!(e.contains("intake_adr"), "{e}");
         let e = with("[database]\nurl = \"mysql://x\"").unwrap_err().to_string();
         assert!(e.contains("database.url"), "{e}");
+    }
+
+    #[test]
+    fn orders_pipeline_is_on_by_default_and_validated() {
+        let c = with("").unwrap();
+        assert!(c.pipelines.orders);
+        assert_eq!(c.orders.group_id, "tally-orders");
+        assert_eq!(c.orders.retry.max_retries, 5);
+        let c =
+            with("[pipelines]\norders = false\n[orders]\ngroup_id = \"g\"\n[orders.retry]\nmax_retries = 2").unwrap();
+        assert!(!c.pipelines.orders);
+        assert_eq!((c.orders.group_id.as_str(), c.orders.retry.max_retries), ("g", 2));
+        let e = with("[orders]\ngroup_id = \" \"").unwrap_err().to_string();
+        assert!(e.contains("orders.group_id"), "{e}");
+        let e = with("[orders]\ngroup_id = \"tally-ledger\"").unwrap_err().to_string();
+        assert!(e.contains("orders.group_id"), "{e}");
+        let e = with("[orders.retry]\ninitial_ms = 0").unwrap_err().to_string();
+        assert!(e.contains("orders.retry"), "{e}");
     }
 
     #[test]
