@@ -586,6 +586,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure type, not ours
     fn environment_overrides_file() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("tally.toml", "[outbox]\nbatch_size = 7\n[kafka]\nbrokers = \"a:1\"")?;
