@@ -11,6 +11,7 @@ pub mod consume;
 pub mod db;
 pub mod ledger;
 pub mod metrics;
+pub mod notify;
 pub mod orders;
 pub mod outbox;
 pub mod projection;

@@ -33,6 +33,8 @@ pub struct Metrics {
     pub settlement_batch_size: Histogram,
     pub kafka_transactions_total: IntCounterVec,
     pub antifraud_score: Histogram,
+    pub notification_deliveries_total: IntCounterVec,
+    pub retry_records_total: IntCounterVec,
     pub ledger_invariant_ok: IntGaugeVec,
 }
 
@@ -145,6 +147,20 @@ impl Metrics {
                 HistogramOpts::new("antifraud_score", "Risk scores given by the antifraud stage.")
                     .buckets(vec![10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0]),
             )?,
+            notification_deliveries_total: IntCounterVec::new(
+                Opts::new(
+                    "notification_deliveries_total",
+                    "Webhook deliveries, by outcome (delivered, failed, already_delivered, dead_lettered).",
+                ),
+                &["outcome"],
+            )?,
+            retry_records_total: IntCounterVec::new(
+                Opts::new(
+                    "retry_records_total",
+                    "Records written to a retry topic, by topic and the attempt they carry.",
+                ),
+                &["topic", "attempt"],
+            )?,
             ledger_invariant_ok: IntGaugeVec::new(
                 Opts::new("ledger_invariant_ok", "1 when the ledger invariant held at the last check, 0 otherwise."),
                 &["invariant"],
@@ -174,6 +190,8 @@ impl Metrics {
         m.registry.register(Box::new(m.ledger_invariant_ok.clone()))?;
         m.registry.register(Box::new(m.kafka_transactions_total.clone()))?;
         m.registry.register(Box::new(m.antifraud_score.clone()))?;
+        m.registry.register(Box::new(m.notification_deliveries_total.clone()))?;
+        m.registry.register(Box::new(m.retry_records_total.clone()))?;
         #[cfg(target_os = "linux")]
         m.process.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
         Ok(m)

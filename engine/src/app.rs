@@ -52,7 +52,7 @@ impl KafkaEndpoint {
         let bootstrap =
             embedded.as_ref().map_or_else(|| config.kafka.brokers.clone(), |b| b.bootstrap_servers().to_owned());
         if config.kafka.create_topics || embedded.is_some() {
-            kafka::create_topics(&config.kafka, &bootstrap, embedded.as_deref()).await?;
+            kafka::create_topics(&config.kafka, &config.topics_to_create(), &bootstrap, embedded.as_deref()).await?;
         }
         Ok(Self { bootstrap, embedded })
     }
@@ -113,8 +113,13 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         running.push(shared.start_projection()?);
     }
     let antifraud = if config.pipelines.antifraud { Some(shared.start_antifraud()?) } else { None };
+    let stages: Vec<_> =
+        running.iter().map(Pipeline::control).chain(antifraud.iter().map(Antifraud::control)).collect();
     if config.pipelines.orders {
         running.push(shared.start_orders()?);
+    }
+    if config.pipelines.notifications {
+        running.extend(shared.start_notifications()?);
     }
 
     let wake = Arc::new(Notify::new());
@@ -148,6 +153,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         admin_token: config.http.admin_token.clone(),
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),
+        stages,
     });
     let intake = http::intake_server(state.clone(), &config.http)
         .with_context(|| format!("cannot bind the intake listener on {}", config.http.intake_addr))?;

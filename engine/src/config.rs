@@ -68,6 +68,7 @@ pub struct Config {
     pub antifraud: AntifraudConfig,
     pub projection: ProjectionConfig,
     pub orders: OrdersConfig,
+    pub notifications: NotificationsConfig,
     pub log: LogConfig,
 }
 
@@ -150,6 +151,27 @@ pub struct PipelinesConfig {
     pub projection: bool,
     /// Materialise `orders.received` into `received_orders`.
     pub orders: bool,
+    /// Deliver `transfers.settled` / `transfers.rejected` to `notifications.webhook_url`.
+    pub notifications: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NotificationsConfig {
+    /// Where events are POSTed. Empty: the notifications pipeline does not run.
+    pub webhook_url: String,
+    /// HMAC-SHA256 key of the `X-Tally-Signature` header.
+    pub webhook_secret: Secret,
+    pub timeout_ms: u64,
+    pub group_id: String,
+    /// Non-blocking retry topics (seed 001 §7): first delay, multiplier, longest delay,
+    /// and attempts in all (the first plus one per retry topic).
+    pub retry_initial_ms: u64,
+    pub retry_multiplier: f64,
+    pub retry_max_ms: u64,
+    pub max_attempts: u32,
+    /// Blocking retry for the database or broker being unavailable.
+    pub retry: RetryConfig,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -325,7 +347,7 @@ impl Default for OutboxConfig {
 
 impl Default for PipelinesConfig {
     fn default() -> Self {
-        Self { outbox: true, ledger: true, antifraud: true, projection: true, orders: true }
+        Self { outbox: true, ledger: true, antifraud: true, projection: true, orders: true, notifications: true }
     }
 }
 
@@ -376,6 +398,52 @@ impl Default for AntifraudConfig {
 impl Default for ProjectionConfig {
     fn default() -> Self {
         Self { group_id: "tally-projection".into(), retry: RetryConfig::default() }
+    }
+}
+
+impl Default for NotificationsConfig {
+    fn default() -> Self {
+        Self {
+            webhook_url: String::new(),
+            webhook_secret: Secret::default(),
+            timeout_ms: 5_000,
+            group_id: "tally-notifications".into(),
+            retry_initial_ms: 1_000,
+            retry_multiplier: 2.0,
+            retry_max_ms: 30_000,
+            max_attempts: 4,
+            retry: RetryConfig::default(),
+        }
+    }
+}
+
+impl NotificationsConfig {
+    /// The delay of each retry topic, in order.
+    #[must_use]
+    pub fn delays_ms(&self) -> Vec<u64> {
+        tally_actors::notify::retry_delays(
+            self.retry_initial_ms,
+            self.retry_multiplier,
+            self.retry_max_ms,
+            self.max_attempts,
+        )
+    }
+}
+
+impl Config {
+    /// Every topic to create: the source topics, their `-dlt` twins, and the notification
+    /// retry topics.
+    #[must_use]
+    pub fn topics_to_create(&self) -> Vec<String> {
+        let mut all = self.kafka.topics.all();
+        let t = &self.kafka.topics;
+        for delay in self.notifications.delays_ms() {
+            for source in [&t.transfers_settled, &t.transfers_rejected] {
+                all.push(tally_schema::topics::retry(source, delay));
+            }
+        }
+        all.dedup();
+        all
     }
 }
 
@@ -592,6 +660,38 @@ impl Config {
             return invalid("orders.group_id", "must differ from ledger.group_id");
         }
         self.orders.retry.validate("orders.retry")?;
+        let n = &self.notifications;
+        if !n.webhook_url.is_empty() && !(n.webhook_url.starts_with("http://") || n.webhook_url.starts_with("https://"))
+        {
+            return invalid("notifications.webhook_url", "must be an http:// or https:// URL (or empty to disable)");
+        }
+        if !n.webhook_url.is_empty() && n.webhook_secret.is_empty() {
+            return invalid("notifications.webhook_secret", "must be set when notifications.webhook_url is");
+        }
+        if n.timeout_ms == 0 || n.retry_initial_ms == 0 || n.retry_max_ms < n.retry_initial_ms {
+            return invalid(
+                "notifications.retry_initial_ms",
+                "needs timeout_ms > 0, retry_initial_ms > 0 and retry_max_ms >= retry_initial_ms",
+            );
+        }
+        if !(1.0..=10.0).contains(&n.retry_multiplier) {
+            return invalid("notifications.retry_multiplier", "must be between 1 and 10");
+        }
+        if !(1..=10).contains(&n.max_attempts) {
+            return invalid("notifications.max_attempts", "must be between 1 and 10");
+        }
+        let mut delays = n.delays_ms();
+        delays.dedup();
+        if delays.len() != n.delays_ms().len() {
+            return invalid(
+                "notifications.retry_max_ms",
+                "caps two retry delays to the same value; retry topics must differ",
+            );
+        }
+        if n.group_id.trim().is_empty() {
+            return invalid("notifications.group_id", "must not be empty");
+        }
+        n.retry.validate("notifications.retry")?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return invalid("log.level", "is not a valid tracing filter (e.g. \"info\")");
         }

@@ -39,13 +39,13 @@ pub fn producer_config(kafka: &KafkaConfig, bootstrap: &str, client_id: &str, se
 /// When the cluster refuses to create a topic.
 pub async fn create_topics(
     kafka: &KafkaConfig,
+    topics: &[String],
     bootstrap: &str,
     embedded: Option<&EmbeddedBroker>,
 ) -> anyhow::Result<()> {
-    let topics = kafka.topics.all();
     if let Some(broker) = embedded {
         let mut created = 0;
-        for topic in &topics {
+        for topic in topics {
             if broker.create_topic_if_missing(topic, kafka.partitions, kafka.replication_factor)? {
                 created += 1;
             }

@@ -175,8 +175,13 @@ fn topics_create(config: &Config) -> anyhow::Result<()> {
              Set kafka.brokers (or TALLY__KAFKA__BROKERS) to a cluster's bootstrap list."
         );
     }
-    runtime()?.block_on(kafka::create_topics(&config.kafka, &config.kafka.brokers, None))?;
-    println!("Topics ready: {}", config.kafka.topics.all().join(", "));
+    runtime()?.block_on(kafka::create_topics(
+        &config.kafka,
+        &config.topics_to_create(),
+        &config.kafka.brokers,
+        None,
+    ))?;
+    println!("Topics ready: {}", config.topics_to_create().join(", "));
     Ok(())
 }
 
@@ -187,7 +192,8 @@ fn run_broker(config: &Config, listen: SocketAddr) -> anyhow::Result<()> {
         let replication = if fixed { 1 } else { config.kafka.replication_factor };
         let mut kafka_config = config.kafka.clone();
         kafka_config.replication_factor = replication;
-        kafka::create_topics(&kafka_config, broker.bootstrap_servers(), Some(&broker)).await?;
+        kafka::create_topics(&kafka_config, &config.topics_to_create(), broker.bootstrap_servers(), Some(&broker))
+            .await?;
         let forwarder = if fixed { Some(broker.serve_fixed(listen).await?) } else { None };
         let bootstrap = if fixed { listen.to_string() } else { broker.bootstrap_servers().to_owned() };
         broker::announce(&broker);

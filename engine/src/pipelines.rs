@@ -12,8 +12,9 @@ use tally_actors::antifraud::{Antifraud, AntifraudSpec, RiskRules, RulesRiskEngi
 use tally_actors::consume::{Pipeline, PipelineSpec};
 use tally_actors::db::PgPool;
 use tally_actors::ledger::{AccountLedger, LedgerTopics, SettlementBatcher, SettlementMode};
-use tally_actors::projection::StatusProjector;
+use tally_actors::notify::{Notifier, NotifierSettings};
 use tally_actors::orders::OrderMaterializer;
+use tally_actors::projection::StatusProjector;
 use tally_actors::supervise::{DeadLetters, RetryPolicy, Supervision};
 use tally_actors::Metrics;
 
@@ -64,6 +65,7 @@ impl Shared<'_> {
             idle_after: Duration::from_secs(c.idle_after_secs),
             drain_timeout: Duration::from_millis(c.drain_timeout_ms),
             commit_each: false,
+            due_header: None,
         }
     }
 
@@ -78,6 +80,7 @@ impl Shared<'_> {
                 Arc::clone(stopping),
             ),
             metrics: self.metrics.clone(),
+            in_retry: Arc::default(),
         }
     }
 
@@ -205,5 +208,75 @@ impl Shared<'_> {
         };
         Antifraud::start(spec, Box::new(RulesRiskEngine::new(rules)), self.metrics.clone())
             .context("cannot start the antifraud stage")
+    }
+}
+
+impl Shared<'_> {
+    /// Notifications: the main pipeline on `transfers.settled` + `transfers.rejected`, and
+    /// one pipeline per retry delay on the `-retry-<delay_ms>` topics, holding each record
+    /// until it is due. Nothing runs without `notifications.webhook_url`.
+    ///
+    /// # Errors
+    /// When a consumer or the HTTP client cannot be created.
+    pub fn start_notifications(&self) -> anyhow::Result<Vec<Pipeline>> {
+        let cfg = &self.config.notifications;
+        if cfg.webhook_url.is_empty() {
+            tracing::info!("Notifications pipeline not started: notifications.webhook_url is empty.");
+            return Ok(Vec::new());
+        }
+        let topics = &self.config.kafka.topics;
+        let sources = [topics.transfers_settled.clone(), topics.transfers_rejected.clone()];
+        let delays = cfg.delays_ms();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let notifier = Arc::new(
+            Notifier::new(
+                self.pool.clone(),
+                self.dlt_producer.clone(),
+                DeadLetters::new(
+                    self.dlt_producer.clone(),
+                    cfg.group_id.clone(),
+                    self.metrics.clone(),
+                    Arc::clone(&stopping),
+                ),
+                self.metrics.clone(),
+                NotifierSettings {
+                    webhook_url: cfg.webhook_url.clone(),
+                    secret: cfg.webhook_secret.expose().to_owned(),
+                    timeout: Duration::from_millis(cfg.timeout_ms),
+                    delays_ms: delays.clone(),
+                },
+            )
+            .context("cannot build the webhook client")?,
+        );
+        let mut stages = Vec::with_capacity(delays.len() + 1);
+        let main = self.spec("notifications", &cfg.group_id, sources.to_vec());
+        stages.push(main);
+        for delay in &delays {
+            let name = format!("notifications-retry-{delay}");
+            let mut spec = self.spec(
+                &name,
+                &format!("{}-retry-{delay}", cfg.group_id),
+                sources.iter().map(|t| tally_schema::topics::retry(t, *delay)).collect(),
+            );
+            spec.due_header = Some(tally_schema::headers::RETRY_DUE_AT.into());
+            stages.push(spec);
+        }
+        stages
+            .into_iter()
+            .map(|spec| {
+                let name = spec.name.clone();
+                let supervision = self.supervision(&name, &spec.group_id, &cfg.retry, &stopping);
+                let handler: Arc<dyn tally_actors::supervise::RecordHandler> = notifier.clone();
+                Pipeline::start(
+                    spec,
+                    handler,
+                    supervision,
+                    Arc::clone(&stopping),
+                    self.metrics.clone(),
+                    Arbiter::current(),
+                )
+                .with_context(|| format!("cannot start the {name} pipeline"))
+            })
+            .collect()
     }
 }

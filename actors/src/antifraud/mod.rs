@@ -37,7 +37,7 @@ use tracing::{info, warn};
 
 pub use risk::{RiskEngine, RiskRules, RulesRiskEngine};
 
-use crate::consume::{publish_lag, Record};
+use crate::consume::{publish_lag, Control, PartitionStatus, PipelineControl, PipelineStatus, Record, StatsView};
 use crate::metrics::Metrics;
 use crate::supervise::{dlt_headers, RetryPolicy};
 
@@ -155,11 +155,20 @@ struct AntifraudContext {
     topics: Vec<String>,
     /// Partitions revoked since the loop last looked.
     revoked: Mutex<Vec<(String, i32)>>,
+    stats: Mutex<StatsView>,
 }
 
 impl ClientContext for AntifraudContext {
     fn stats(&self, stats: Statistics) {
         publish_lag(&self.metrics, PIPELINE, &self.topics, &stats);
+        let mut view = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        for (topic, t) in &stats.topics {
+            for (id, p) in &t.partitions {
+                if *id >= 0 {
+                    view.insert((topic.clone(), *id), (p.committed_offset, p.consumer_lag));
+                }
+            }
+        }
     }
 }
 
@@ -178,14 +187,9 @@ impl ConsumerContext for AntifraudContext {
     }
 }
 
-enum Control {
-    Stop(std::sync::mpsc::Sender<()>),
-    Pause,
-    Resume,
-}
-
 /// The running antifraud stage.
 pub struct Antifraud {
+    handle: PipelineControl,
     control: std::sync::mpsc::Sender<Control>,
     thread: Option<std::thread::JoinHandle<()>>,
     stopping: Arc<AtomicBool>,
@@ -213,28 +217,38 @@ impl Antifraud {
             .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
-        let context =
-            AntifraudContext { metrics: metrics.clone(), topics: vec![spec.input.clone()], revoked: Mutex::default() };
+        let context = AntifraudContext {
+            metrics: metrics.clone(),
+            topics: vec![spec.input.clone()],
+            revoked: Mutex::default(),
+            stats: Mutex::default(),
+        };
+        let status = Arc::new(Mutex::new(PipelineStatus {
+            name: PIPELINE.into(),
+            group: spec.group_id.clone(),
+            topics: vec![spec.input.clone()],
+            ..PipelineStatus::default()
+        }));
         let consumer: BaseConsumer<AntifraudContext> = consumer_config.create_with_context(context)?;
         consumer.subscribe(&[&spec.input])?;
         let producer = new_producer(&spec)?;
         let (control, control_rx) = std::sync::mpsc::channel();
         let stopping = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stopping);
+        let loop_status = Arc::clone(&status);
         let thread = std::thread::Builder::new()
             .name("tally-antifraud".into())
-            .spawn(move || drive(&consumer, producer, &spec, risk, &metrics, &control_rx, &stop_flag))
+            .spawn(move || drive(&consumer, producer, &spec, risk, &metrics, &control_rx, &stop_flag, &loop_status))
             .map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
         info!(pipeline = PIPELINE, "Antifraud stage started.");
-        Ok(Self { control, thread: Some(thread), stopping })
+        let handle = PipelineControl::new(control.clone(), status);
+        Ok(Self { handle, control, thread: Some(thread), stopping })
     }
 
-    pub fn pause(&self) {
-        let _ = self.control.send(Control::Pause);
-    }
-
-    pub fn resume(&self) {
-        let _ = self.control.send(Control::Resume);
+    /// A handle to pause, resume and observe this stage.
+    #[must_use]
+    pub fn control(&self) -> PipelineControl {
+        self.handle.clone()
     }
 
     /// Finishes the transaction in hand, then leaves the group.
@@ -279,8 +293,14 @@ fn drive(
     metrics: &Metrics,
     control: &std::sync::mpsc::Receiver<Control>,
     stopping: &AtomicBool,
+    status: &Mutex<PipelineStatus>,
 ) {
+    let mut last_status = Instant::now();
     loop {
+        if last_status.elapsed() >= Duration::from_millis(500) {
+            last_status = Instant::now();
+            publish_status(consumer, status);
+        }
         while let Ok(c) = control.try_recv() {
             match c {
                 Control::Stop(done) => {
@@ -293,11 +313,15 @@ fn drive(
                     if let Ok(tpl) = consumer.assignment() {
                         let _ = consumer.pause(&tpl);
                     }
+                    status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
+                    info!(pipeline = PIPELINE, "Pipeline paused.");
                 }
                 Control::Resume => {
                     if let Ok(tpl) = consumer.assignment() {
                         let _ = consumer.resume(&tpl);
                     }
+                    status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
+                    info!(pipeline = PIPELINE, "Pipeline resumed.");
                 }
             }
         }
@@ -356,6 +380,32 @@ fn drive(
         }
         metrics.inflight.with_label_values(&[PIPELINE, "all"]).set(0);
     }
+}
+
+fn publish_status(consumer: &BaseConsumer<AntifraudContext>, status: &Mutex<PipelineStatus>) {
+    let stats = consumer.context().stats.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let partitions: Vec<PartitionStatus> = consumer
+        .assignment()
+        .map(|tpl| {
+            tpl.elements()
+                .iter()
+                .map(|e| {
+                    let (committed, lag) =
+                        stats.get(&(e.topic().to_owned(), e.partition())).copied().unwrap_or((-1, -1));
+                    PartitionStatus {
+                        topic: e.topic().to_owned(),
+                        partition: e.partition(),
+                        committed_offset: (committed >= 0).then_some(committed),
+                        stored_offset: None,
+                        lag: (lag >= 0).then_some(lag),
+                        in_flight: 0,
+                        held: false,
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    status.lock().unwrap_or_else(PoisonError::into_inner).partitions = partitions;
 }
 
 /// Polls until `max_batch` records or `max_batch_wait` after the first one.

@@ -62,6 +62,10 @@ pub struct PipelineSpec {
     pub drain_timeout: Duration,
     /// Commit after every completed record (the seed-style baseline).
     pub commit_each: bool,
+    /// Header holding a record's due time (epoch milliseconds), for retry topics: a record
+    /// not yet due is held and its partition paused until then, without holding up other
+    /// partitions.
+    pub due_header: Option<String>,
 }
 
 impl PipelineSpec {
@@ -87,6 +91,73 @@ impl PipelineSpec {
     }
 }
 
+/// A snapshot of one pipeline for `/admin/pipelines`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PipelineStatus {
+    pub name: String,
+    pub group: String,
+    pub topics: Vec<String>,
+    pub paused: bool,
+    pub partitions: Vec<PartitionStatus>,
+    /// Keys whose record is waiting in blocking retry.
+    pub keys_in_retry: usize,
+    pub live_workers: usize,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PartitionStatus {
+    pub topic: String,
+    pub partition: i32,
+    /// The next offset to read after a restart, as last committed (librdkafka statistics).
+    pub committed_offset: Option<i64>,
+    /// The next offset to commit, as stored by tally.
+    pub stored_offset: Option<i64>,
+    pub lag: Option<i64>,
+    pub in_flight: usize,
+    /// Paused by backpressure or a not-yet-due retry record.
+    pub held: bool,
+}
+
+/// Pause, resume and observe a running pipeline from anywhere (cheap to clone).
+#[derive(Clone)]
+pub struct PipelineControl {
+    control: std::sync::mpsc::Sender<Control>,
+    status: Arc<Mutex<PipelineStatus>>,
+}
+
+impl PipelineControl {
+    pub(crate) fn new(control: std::sync::mpsc::Sender<Control>, status: Arc<Mutex<PipelineStatus>>) -> Self {
+        Self { control, status }
+    }
+
+    #[must_use]
+    pub fn name(&self) -> String {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).name.clone()
+    }
+
+    /// Stops fetching; in-flight records finish. The status shows it at once; the driver
+    /// applies it before its next poll.
+    pub fn pause(&self) {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
+        let _ = self.control.send(Control::Pause);
+    }
+
+    pub fn resume(&self) {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
+        let _ = self.control.send(Control::Resume);
+    }
+
+    #[must_use]
+    pub fn status(&self) -> PipelineStatus {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+/// Committed offset and lag per partition, from librdkafka statistics.
+pub(crate) type StatsView = HashMap<TopicPartition, (i64, i64)>;
+
 struct Slot {
     addr: Addr<PartitionConsumer>,
     tx: mpsc::Sender<Arc<Record>>,
@@ -96,7 +167,7 @@ struct Slot {
     paused: bool,
 }
 
-type TopicPartition = (String, i32);
+pub(crate) type TopicPartition = (String, i32);
 
 /// State shared by the driver loop and the rebalance callbacks (both on the driver thread,
 /// never locked across a poll).
@@ -106,6 +177,11 @@ struct Shared {
     arbiter: ArbiterHandle,
     registry: Arc<Mutex<WorkerRegistry>>,
     metrics: Metrics,
+    status: Arc<Mutex<PipelineStatus>>,
+    stats: Mutex<StatsView>,
+    /// Lag per partition from the broker's high watermark (refreshed by the driver).
+    lags: Mutex<HashMap<TopicPartition, i64>>,
+    in_retry: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Shared {
@@ -191,7 +267,14 @@ struct DriverContext {
 
 impl ClientContext for DriverContext {
     fn stats(&self, stats: Statistics) {
-        publish_lag(&self.shared.metrics, &self.shared.spec.name, &self.shared.spec.topics, &stats);
+        let mut view = self.shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        for (topic, t) in &stats.topics {
+            for (id, p) in &t.partitions {
+                if *id >= 0 {
+                    view.insert((topic.clone(), *id), (p.committed_offset, p.consumer_lag));
+                }
+            }
+        }
     }
 }
 
@@ -205,9 +288,15 @@ impl ConsumerContext for DriverContext {
         }
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
-            Rebalance::Assign(tpl) => self.shared.assign(tpl),
+            Rebalance::Assign(tpl) => {
+                self.shared.assign(tpl);
+                // A pipeline paused through the admin API stays paused across rebalances.
+                if self.shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused {
+                    let _ = consumer.pause(tpl);
+                }
+            }
             Rebalance::Error(e) => error!(pipeline = %self.shared.spec.name, error = %e, "Rebalance error."),
             Rebalance::Revoke(_) => {}
         }
@@ -220,7 +309,8 @@ impl ConsumerContext for DriverContext {
     }
 }
 
-enum Control {
+/// Commands to a driver thread.
+pub(crate) enum Control {
     Stop(std::sync::mpsc::Sender<()>),
     Pause,
     Resume,
@@ -229,6 +319,7 @@ enum Control {
 /// A running pipeline. Stop it with [`Pipeline::stop`].
 pub struct Pipeline {
     name: String,
+    handle: PipelineControl,
     control: std::sync::mpsc::Sender<Control>,
     thread: Option<std::thread::JoinHandle<()>>,
     stopping: Arc<AtomicBool>,
@@ -248,6 +339,7 @@ impl Pipeline {
         metrics: Metrics,
         arbiter: ArbiterHandle,
     ) -> KafkaResult<Self> {
+        let in_retry = Arc::clone(&supervision.in_retry);
         let registry = Arc::new(Mutex::new(WorkerRegistry::new(
             handler,
             Arc::new(supervision),
@@ -255,8 +347,23 @@ impl Pipeline {
             spec.idle_after,
             spec.max_in_flight.max(16),
         )));
-        let shared =
-            Arc::new(Shared { spec: spec.clone(), slots: Mutex::new(HashMap::new()), arbiter, registry, metrics });
+        let status = Arc::new(Mutex::new(PipelineStatus {
+            name: spec.name.clone(),
+            group: spec.group_id.clone(),
+            topics: spec.topics.clone(),
+            ..PipelineStatus::default()
+        }));
+        let shared = Arc::new(Shared {
+            spec: spec.clone(),
+            slots: Mutex::new(HashMap::new()),
+            arbiter,
+            registry,
+            metrics,
+            status: Arc::clone(&status),
+            stats: Mutex::default(),
+            lags: Mutex::default(),
+            in_retry,
+        });
         let consumer: BaseConsumer<DriverContext> =
             spec.consumer_config().create_with_context(DriverContext { shared: Arc::clone(&shared) })?;
         let topics: Vec<&str> = spec.topics.iter().map(String::as_str).collect();
@@ -268,21 +375,19 @@ impl Pipeline {
             .spawn(move || drive(&consumer, &shared, &control_rx))
             .map_err(|e| rdkafka::error::KafkaError::ClientCreation(e.to_string()))?;
         info!(pipeline = %name, group = %spec.group_id, topics = ?spec.topics, "Pipeline started.");
-        Ok(Self { name, control, thread: Some(thread), stopping })
+        let handle = PipelineControl { control: control.clone(), status };
+        Ok(Self { name, handle, control, thread: Some(thread), stopping })
+    }
+
+    /// A handle to pause, resume and observe this pipeline.
+    #[must_use]
+    pub fn control(&self) -> PipelineControl {
+        self.handle.clone()
     }
 
     #[must_use]
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// Stops fetching (records stay where they are).
-    pub fn pause(&self) {
-        let _ = self.control.send(Control::Pause);
-    }
-
-    pub fn resume(&self) {
-        let _ = self.control.send(Control::Resume);
     }
 
     /// Stops fetching, drains in-flight work (bounded), commits, and leaves the group.
@@ -304,6 +409,7 @@ fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: 
     let mut paused_all = false;
     let mut last_gauges = Instant::now();
     let mut last_passivation = Instant::now();
+    let mut last_lag = Instant::now();
     loop {
         while let Ok(c) = control.try_recv() {
             match c {
@@ -320,19 +426,39 @@ fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: 
                         let _ = consumer.pause(&tpl);
                     }
                     paused_all = true;
+                    shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
                     info!(pipeline = %name, "Pipeline paused.");
                 }
                 Control::Resume => {
                     paused_all = false;
+                    shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
+                    // Partitions held by backpressure or a not-yet-due record stay paused;
+                    // the stash flush resumes them.
                     if let Ok(tpl) = consumer.assignment() {
-                        let _ = consumer.resume(&tpl);
+                        let mut ready = TopicPartitionList::new();
+                        let slots = shared.slots();
+                        for e in tpl.elements() {
+                            let held = slots.get(&(e.topic().to_owned(), e.partition())).is_some_and(|s| s.paused);
+                            if !held {
+                                ready.add_partition(e.topic(), e.partition());
+                            }
+                        }
+                        drop(slots);
+                        let _ = consumer.resume(&ready);
                     }
                     info!(pipeline = %name, "Pipeline resumed.");
                 }
             }
         }
-        let stashed = shared.slots().values().any(|s| !s.stash.is_empty());
-        let timeout = if stashed { Duration::from_millis(5) } else { Duration::from_millis(100) };
+        let ready = shared.slots().values().any(|s| s.stash.front().is_some_and(|r| is_due(shared, r)));
+        let waiting = shared.slots().values().any(|s| !s.stash.is_empty());
+        let timeout = Duration::from_millis(if ready {
+            5
+        } else if waiting {
+            20
+        } else {
+            100
+        });
         match consumer.poll(timeout) {
             Some(Ok(message)) => {
                 let record = Arc::new(Record::from_message(&message));
@@ -349,6 +475,10 @@ fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: 
         if last_gauges.elapsed() >= Duration::from_millis(500) {
             last_gauges = Instant::now();
             publish_gauges(shared);
+        }
+        if last_lag.elapsed() >= Duration::from_secs(2) {
+            last_lag = Instant::now();
+            refresh_lag(consumer, shared);
         }
         if last_passivation.elapsed() >= Duration::from_secs(5) {
             last_passivation = Instant::now();
@@ -388,25 +518,48 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &Shared, record: Arc<Re
         slot.stash.push_back(record);
         return;
     }
+    if !is_due(shared, &record) {
+        slot.stash.push_back(record);
+        hold(consumer, shared, slot, &tp);
+        return;
+    }
     match slot.tx.try_send(record) {
         Ok(()) => {}
         Err(mpsc::error::TrySendError::Full(record)) => {
             slot.stash.push_back(record);
-            if !slot.paused {
-                slot.paused = true;
-                if let Err(e) = consumer.pause(&tpl_of(&tp.0, tp.1)) {
-                    warn!(pipeline = %shared.spec.name, error = %e, "Cannot pause partition.");
-                }
-            }
+            hold(consumer, shared, slot, &tp);
         }
         Err(mpsc::error::TrySendError::Closed(_)) => {}
     }
+}
+
+/// Pauses a partition whose next record is in hand (queue full, or not yet due).
+/// librdkafka drops what it prefetched for it and, on resume, fetches again after the last
+/// record handed to tally.
+fn hold(consumer: &BaseConsumer<DriverContext>, shared: &Shared, slot: &mut Slot, tp: &TopicPartition) {
+    if !slot.paused {
+        slot.paused = true;
+        if let Err(e) = consumer.pause(&tpl_of(&tp.0, tp.1)) {
+            warn!(pipeline = %shared.spec.name, error = %e, "Cannot pause partition.");
+        }
+    }
+}
+
+/// Whether `record` may be handled now (always, unless the pipeline reads a due header).
+fn is_due(shared: &Shared, record: &Record) -> bool {
+    let Some(header) = shared.spec.due_header.as_deref() else { return true };
+    let Some(due) = record.header_str(header).and_then(|v| v.parse::<i64>().ok()) else { return true };
+    due <= chrono::Utc::now().timestamp_millis()
 }
 
 fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
     let mut slots = shared.slots();
     for ((topic, partition), slot) in slots.iter_mut() {
         while let Some(record) = slot.stash.pop_front() {
+            if !is_due(shared, &record) {
+                slot.stash.push_front(record);
+                break;
+            }
             match slot.tx.try_send(record) {
                 Ok(()) => {}
                 Err(mpsc::error::TrySendError::Full(record)) => {
@@ -449,6 +602,31 @@ fn store_watermarks(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
     }
 }
 
+/// Lag = the broker's high watermark - the next offset this pipeline will commit. Asked of
+/// the broker because librdkafka's own figure goes stale while a partition is paused.
+fn refresh_lag(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+    let positions: Vec<(TopicPartition, i64)> = {
+        let stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        shared
+            .slots()
+            .iter()
+            .map(|(tp, slot)| {
+                let committed = stats.get(tp).map_or(-1, |(c, _)| *c);
+                (tp.clone(), if slot.stored >= 0 { slot.stored + 1 } else { committed })
+            })
+            .collect()
+    };
+    let mut lags = HashMap::with_capacity(positions.len());
+    for ((topic, partition), next) in positions {
+        if let Ok((low, high)) = consumer.fetch_watermarks(&topic, partition, Duration::from_millis(500)) {
+            let lag = (high - if next >= 0 { next } else { low }).max(0);
+            shared.metrics.consumer_lag.with_label_values(&[&shared.spec.name, &partition.to_string()]).set(lag);
+            lags.insert((topic, partition), lag);
+        }
+    }
+    *shared.lags.lock().unwrap_or_else(PoisonError::into_inner) = lags;
+}
+
 fn publish_gauges(shared: &Shared) {
     let name = &shared.spec.name;
     let mut oldest = 0_u64;
@@ -460,4 +638,29 @@ fn publish_gauges(shared: &Shared) {
     shared.metrics.oldest_inflight_age_seconds.with_label_values(&[name]).set(oldest as f64 / 1000.0);
     let live = shared.registry.lock().unwrap_or_else(PoisonError::into_inner).live();
     shared.metrics.live_actors.with_label_values(&[name]).set(live as i64);
+
+    let stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let lags = shared.lags.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let mut partitions: Vec<PartitionStatus> = shared
+        .slots()
+        .iter()
+        .map(|((topic, partition), slot)| {
+            let committed = stats.get(&(topic.clone(), *partition)).map_or(-1, |(c, _)| *c);
+            let lag = lags.get(&(topic.clone(), *partition)).copied().unwrap_or(-1);
+            PartitionStatus {
+                topic: topic.clone(),
+                partition: *partition,
+                committed_offset: (committed >= 0).then_some(committed),
+                stored_offset: (slot.stored >= 0).then_some(slot.stored + 1),
+                lag: (lag >= 0).then_some(lag),
+                in_flight: slot.shared.in_flight.load(Ordering::Relaxed) + slot.stash.len(),
+                held: slot.paused,
+            }
+        })
+        .collect();
+    partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    let mut status = shared.status.lock().unwrap_or_else(PoisonError::into_inner);
+    status.partitions = partitions;
+    status.keys_in_retry = shared.in_retry.load(Ordering::Relaxed);
+    status.live_workers = live;
 }

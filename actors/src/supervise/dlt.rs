@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 #[error("the pipeline is stopping; the record stays uncommitted and will be redelivered")]
 pub struct Stopping;
 
+#[derive(Clone)]
 pub struct DeadLetters {
     producer: FutureProducer,
     group: String,

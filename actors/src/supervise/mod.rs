@@ -41,6 +41,8 @@ pub struct Supervision {
     pub policy: RetryPolicy,
     pub dead_letters: DeadLetters,
     pub metrics: Metrics,
+    /// Records currently waiting in blocking retry (keys held back).
+    pub in_retry: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Supervision {
@@ -69,7 +71,9 @@ impl Supervision {
                               wait_ms = wait.as_millis() as u64, error = %e.message,
                               "Retrying record after transient error.");
                         self.metrics.retries_total.with_label_values(&[&self.pipeline]).inc();
+                        self.in_retry.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         tokio::time::sleep(wait).await;
+                        self.in_retry.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                         attempt += 1;
                     }
                     None => {

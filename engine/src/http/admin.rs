@@ -17,7 +17,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))
         .route("/admin/outbox", web::get().to(outbox_backlog))
-        .route("/admin/ledger/check", web::get().to(ledger_check));
+        .route("/admin/ledger/check", web::get().to(ledger_check))
+        .route("/admin/pipelines", web::get().to(pipelines))
+        .route("/admin/pipelines/{name}/pause", web::post().to(pause))
+        .route("/admin/pipelines/{name}/resume", web::post().to(resume));
 }
 
 /// Liveness: the process serves HTTP.
@@ -99,4 +102,42 @@ async fn ledger_check(state: web::Data<AppState>) -> Result<HttpResponse, ApiErr
     let check = tally_actors::ledger::check::check_ledger(&mut conn).await?;
     tally_actors::ledger::check::publish(&check, &state.metrics);
     Ok(if check.ok { HttpResponse::Ok().json(check) } else { HttpResponse::Conflict().json(check) })
+}
+
+/// `GET /admin/pipelines`: per pipeline its group, assigned partitions with committed and
+/// stored offsets, lag and in-flight records, whether it is paused, and keys in retry.
+async fn pipelines(state: web::Data<AppState>) -> HttpResponse {
+    let all: Vec<_> = state.stages.iter().map(tally_actors::consume::PipelineControl::status).collect();
+    HttpResponse::Ok().json(json!({ "pipelines": all }))
+}
+
+fn stage<'a>(state: &'a AppState, name: &str) -> Result<&'a tally_actors::consume::PipelineControl, ApiError> {
+    state
+        .stages
+        .iter()
+        .find(|s| s.name() == name)
+        .ok_or_else(|| ApiError::NotFound(format!("no running pipeline named {name}")))
+}
+
+/// `POST /admin/pipelines/{name}/pause` (admin token): stop fetching; in-flight records
+/// finish and lag grows until resumed.
+async fn pause(
+    _: super::auth::Admin,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    stage(&state, &name)?.pause();
+    tracing::info!(pipeline = %name, "Pause requested through the admin API.");
+    Ok(HttpResponse::Ok().json(json!({ "pipeline": *name, "paused": true })))
+}
+
+/// `POST /admin/pipelines/{name}/resume` (admin token).
+async fn resume(
+    _: super::auth::Admin,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    stage(&state, &name)?.resume();
+    tracing::info!(pipeline = %name, "Resume requested through the admin API.");
+    Ok(HttpResponse::Ok().json(json!({ "pipeline": *name, "paused": false })))
 }

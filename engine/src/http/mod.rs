@@ -33,6 +33,8 @@ pub struct AppState {
     /// Kafka bootstrap servers and settings, for admin operations (DLT browsing, replay).
     pub bootstrap: String,
     pub kafka: crate::config::KafkaConfig,
+    /// Every running consumer stage, for `/admin/pipelines`.
+    pub stages: Vec<tally_actors::consume::PipelineControl>,
 }
 
 /// A bound, not yet running, HTTP server and its address.

@@ -1,0 +1,288 @@
+//! Notifications (seed 001 §7): `transfers.settled` and `transfers.rejected` are delivered
+//! to a webhook, signed, with non-blocking retry topics.
+//!
+//! Each event is POSTed as its JSON with `X-Tally-Event-Id` and
+//! `X-Tally-Signature: sha256=<hex of HMAC-SHA256(secret, body)>`. A delivery is recorded by
+//! event id, so a retry never sends again after a success (a crash between the receiver's
+//! 2xx and the record can still send twice: receivers dedupe on `X-Tally-Event-Id`).
+//!
+//! A failed attempt does not hold anything up: the record moves to
+//! `<topic>-retry-<delay_ms>` with its attempt count, original coordinates and due time,
+//! and the consumer of that retry topic holds the partition until the record is due. After
+//! the last attempt the record goes to `<topic>-dlt` as `exhausted`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use diesel::sql_types::{Integer, Text, Uuid as SqlUuid};
+use diesel::QueryableByName;
+use diesel_async::RunQueryDsl;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use hmac::{Hmac, Mac};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use serde::Deserialize;
+use sha2::Sha256;
+use tally_schema::{headers, topics};
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::consume::Record;
+use crate::db::PgPool;
+use crate::metrics::Metrics;
+use crate::supervise::{DeadLetters, HandlerError, RecordHandler};
+
+/// Where and how to deliver.
+#[derive(Debug, Clone)]
+pub struct NotifierSettings {
+    pub webhook_url: String,
+    pub secret: String,
+    pub timeout: Duration,
+    /// Delay before each retry, in order (attempt 2 waits `delays[0]`, ...).
+    pub delays_ms: Vec<u64>,
+}
+
+impl NotifierSettings {
+    /// Attempts in all: the first plus one per retry topic.
+    #[must_use]
+    pub fn max_attempts(&self) -> u32 {
+        u32::try_from(self.delays_ms.len()).unwrap_or(u32::MAX).saturating_add(1)
+    }
+}
+
+/// The retry delays of seed 001 §7: `initial`, x`multiplier`, at most `max`, for
+/// `max_attempts - 1` retries (1 s, x2, max 30 s, 4 attempts: 1000, 2000, 4000).
+#[must_use]
+pub fn retry_delays(initial_ms: u64, multiplier: f64, max_ms: u64, max_attempts: u32) -> Vec<u64> {
+    (0..max_attempts.saturating_sub(1))
+        .map(|i| {
+            let d = initial_ms as f64 * multiplier.powi(i32::try_from(i).unwrap_or(i32::MAX));
+            (d.min(max_ms as f64)) as u64
+        })
+        .collect()
+}
+
+/// `sha256=<hex>` of HMAC-SHA256(`secret`, `body`).
+#[must_use]
+pub fn signature(secret: &str, body: &[u8]) -> String {
+    // HMAC accepts keys of any length, so this never takes the else branch.
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(secret.as_bytes()) else {
+        return String::new();
+    };
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EventIds {
+    event_id: Uuid,
+    transfer_id: Uuid,
+}
+
+#[derive(QueryableByName)]
+struct Found {
+    #[diesel(sql_type = Integer)]
+    #[allow(dead_code)]
+    one: i32,
+}
+
+pub struct Notifier {
+    pool: PgPool,
+    http: reqwest::Client,
+    producer: FutureProducer,
+    dead_letters: DeadLetters,
+    metrics: Metrics,
+    settings: NotifierSettings,
+}
+
+impl Notifier {
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(
+        pool: PgPool,
+        producer: FutureProducer,
+        dead_letters: DeadLetters,
+        metrics: Metrics,
+        settings: NotifierSettings,
+    ) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder().timeout(settings.timeout).build()?;
+        Ok(Self { pool, http, producer, dead_letters, metrics, settings })
+    }
+}
+
+impl RecordHandler for Notifier {
+    fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
+        let (pool, http, producer) = (self.pool.clone(), self.http.clone(), self.producer.clone());
+        let (settings, metrics) = (self.settings.clone(), self.metrics.clone());
+        let dead_letters = self.dead_letters.clone();
+        async move {
+            let body = record.payload.as_deref().ok_or_else(|| HandlerError::poison("record has no value"))?;
+            let ids: EventIds = serde_json::from_slice(body)
+                .map_err(|e| HandlerError::poison(format!("undecodable transfer event: {e}")))?;
+            let attempt = record
+                .header_str(headers::RETRY_ATTEMPTS)
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(0)
+                .saturating_add(1);
+            let origin = record.origin();
+            if delivered(&pool, ids.event_id).await? {
+                metrics.notification_deliveries_total.with_label_values(&["already_delivered"]).inc();
+                return Ok("already_delivered");
+            }
+            let failure = match post(&http, &settings, &record, ids.event_id, body, attempt).await {
+                Ok(status) => {
+                    remember(&pool, ids.event_id, &origin.topic, ids.transfer_id, attempt, status).await?;
+                    metrics.notification_deliveries_total.with_label_values(&["delivered"]).inc();
+                    info!(event_id = %ids.event_id, attempt, "Notification delivered.");
+                    return Ok("delivered");
+                }
+                Err(failure) => failure,
+            };
+            metrics.notification_deliveries_total.with_label_values(&["failed"]).inc();
+            if attempt >= settings.max_attempts() {
+                warn!(event_id = %ids.event_id, attempt, error = %failure, "Notification failed on its last attempt.");
+                dead_letters
+                    .publish(&record, "exhausted", &failure, attempt)
+                    .await
+                    .map_err(|e| HandlerError::transient(e.to_string()))?;
+                metrics.notification_deliveries_total.with_label_values(&["dead_lettered"]).inc();
+                return Ok("dead_lettered");
+            }
+            let delay = settings.delays_ms[(attempt - 1) as usize];
+            let retry_topic = topics::retry(&origin.topic, delay);
+            warn!(event_id = %ids.event_id, attempt, retry_topic, error = %failure, "Notification failed; scheduled a retry.");
+            schedule_retry(&producer, &record, &retry_topic, attempt, delay, &failure).await?;
+            metrics.retry_records_total.with_label_values(&[&retry_topic, &(attempt + 1).to_string()]).inc();
+            Ok("retry_scheduled")
+        }
+        .boxed()
+    }
+}
+
+async fn delivered(pool: &PgPool, event_id: Uuid) -> Result<bool, HandlerError> {
+    let mut conn = pool.get().await.map_err(|e| HandlerError::transient(format!("no database connection: {e}")))?;
+    let found: Vec<Found> = diesel::sql_query("SELECT 1 AS one FROM notification_deliveries WHERE event_id = $1")
+        .bind::<SqlUuid, _>(event_id)
+        .load(&mut conn)
+        .await
+        .map_err(|e| HandlerError::transient(format!("database error: {e}")))?;
+    Ok(!found.is_empty())
+}
+
+async fn remember(
+    pool: &PgPool,
+    event_id: Uuid,
+    topic: &str,
+    transfer_id: Uuid,
+    attempt: u32,
+    status: u16,
+) -> Result<(), HandlerError> {
+    let mut conn = pool.get().await.map_err(|e| HandlerError::transient(format!("no database connection: {e}")))?;
+    diesel::sql_query(
+        "INSERT INTO notification_deliveries (event_id, topic, transfer_id, attempts, response_status) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
+    )
+    .bind::<SqlUuid, _>(event_id)
+    .bind::<Text, _>(topic)
+    .bind::<SqlUuid, _>(transfer_id)
+    .bind::<Integer, _>(i32::try_from(attempt).unwrap_or(i32::MAX))
+    .bind::<Integer, _>(i32::from(status))
+    .execute(&mut conn)
+    .await
+    .map_err(|e| HandlerError::transient(format!("database error: {e}")))?;
+    Ok(())
+}
+
+/// POSTs the event; `Ok(status)` for a 2xx answer, `Err(reason)` otherwise.
+async fn post(
+    http: &reqwest::Client,
+    settings: &NotifierSettings,
+    record: &Record,
+    event_id: Uuid,
+    body: &[u8],
+    attempt: u32,
+) -> Result<u16, String> {
+    let event_type = record.header_str(headers::EVENT_TYPE).unwrap_or("");
+    let response = http
+        .post(&settings.webhook_url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header("X-Tally-Event-Id", event_id.to_string())
+        .header("X-Tally-Event-Type", event_type)
+        .header("X-Tally-Attempt", attempt.to_string())
+        .header("X-Tally-Signature", signature(&settings.secret, body))
+        .body(body.to_vec())
+        .send()
+        .await
+        .map_err(|e| format!("webhook request failed: {e}"))?;
+    let status = response.status();
+    if status.is_success() {
+        Ok(status.as_u16())
+    } else {
+        Err(format!("webhook answered HTTP {}", status.as_u16()))
+    }
+}
+
+async fn schedule_retry(
+    producer: &FutureProducer,
+    record: &Record,
+    retry_topic: &str,
+    attempt: u32,
+    delay_ms: u64,
+    failure: &str,
+) -> Result<(), HandlerError> {
+    let origin = record.origin();
+    let mut hdrs = OwnedHeaders::new_with_capacity(record.headers.len() + 7);
+    for (k, v) in record.headers_without_retry() {
+        hdrs = hdrs.insert(Header { key: k, value: v.as_deref() });
+    }
+    let due = Utc::now().timestamp_millis() + i64::try_from(delay_ms).unwrap_or(i64::MAX);
+    let values = [
+        (headers::RETRY_ATTEMPTS, attempt.to_string()),
+        (headers::RETRY_ORIGINAL_TOPIC, origin.topic.clone()),
+        (headers::RETRY_ORIGINAL_PARTITION, origin.partition.to_string()),
+        (headers::RETRY_ORIGINAL_OFFSET, origin.offset.to_string()),
+        (headers::RETRY_ORIGINAL_TIMESTAMP, origin.timestamp.map(|t| t.to_string()).unwrap_or_default()),
+        (headers::RETRY_DUE_AT, due.to_string()),
+        (headers::RETRY_LAST_ERROR, failure.chars().take(512).collect()),
+    ];
+    for (k, v) in &values {
+        hdrs = hdrs.insert(Header { key: k, value: Some(v.as_bytes()) });
+    }
+    let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(retry_topic).headers(hdrs);
+    if let Some(key) = &record.key {
+        out = out.key(key.as_slice());
+    }
+    if let Some(payload) = &record.payload {
+        out = out.payload(payload.as_slice());
+    }
+    producer
+        .send(out, Timeout::After(Duration::from_secs(30)))
+        .await
+        .map(|_| ())
+        .map_err(|(e, _)| HandlerError::transient(format!("cannot write to {retry_topic}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_retry_delays() {
+        assert_eq!(retry_delays(1_000, 2.0, 30_000, 4), vec![1_000, 2_000, 4_000]);
+        assert_eq!(retry_delays(1_000, 2.0, 3_000, 4), vec![1_000, 2_000, 3_000]);
+        assert!(retry_delays(1_000, 2.0, 30_000, 1).is_empty());
+    }
+
+    #[test]
+    fn signature_is_hmac_sha256_hex() {
+        // RFC 4231 test case 2.
+        assert_eq!(
+            signature("Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+}

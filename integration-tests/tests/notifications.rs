@@ -1,0 +1,341 @@
+//! Notifications with non-blocking retry topics, pipeline administration, and admin auth.
+//! A local HTTP server in the test plays the webhook receiver.
+//!
+//! Broker: the embedded broker (librdkafka's mock cluster, 3 brokers, in this process);
+//! the log test runs `tally run` as a child process against it.
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tally_integration_tests::{
+    json_body, metric_value, read_topic, spawn_app, wait_until, Deadline, ReceivedCall, TestApp, TestEnv,
+    WebhookReceiver,
+};
+use uuid::Uuid;
+
+const SECRET: &str = "webhook-s3cret";
+const TOKEN: &str = "admin-t0ken-for-tests";
+
+fn notify_config(url: &str) -> impl FnOnce(&mut tally_engine::Config) + '_ {
+    move |c: &mut tally_engine::Config| {
+        c.notifications.webhook_url = url.to_owned();
+        c.notifications.webhook_secret = tally_engine::config::Secret::new(SECRET);
+        c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
+    }
+}
+
+fn producer(bootstrap: &str) -> FutureProducer {
+    ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("producer")
+}
+
+/// Produces a TransferSettled for a new transfer keyed `key`; returns (event, offset).
+async fn settled(producer: &FutureProducer, key: &str) -> (Value, i64) {
+    let event = json!({ "eventId": Uuid::new_v4(), "transferId": Uuid::new_v4(), "settledAt": "2026-11-30T00:00:00Z" });
+    let payload = event.to_string();
+    let id = event["eventId"].as_str().expect("id").to_owned();
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "event-id", value: Some(id.as_bytes()) })
+        .insert(Header { key: "event-type", value: Some("TransferSettled".as_bytes()) });
+    let offset = producer
+        .send(
+            FutureRecord::to("transfers.settled").key(key).payload(&payload).headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .map(|d| d.offset)
+        .map_err(|(e, _)| e)
+        .expect("produce TransferSettled");
+    (event, offset)
+}
+
+fn event_id(call: &ReceivedCall) -> &str {
+    call.headers.get("x-tally-event-id").map_or("", String::as_str)
+}
+
+fn millis(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The signature the receiver can check: HMAC-SHA256 over the exact body.
+fn assert_signed(call: &ReceivedCall) {
+    let expected = tally_actors::notify::signature(SECRET, &call.body);
+    assert_eq!(call.headers.get("x-tally-signature"), Some(&expected), "signature over the body");
+    assert!(expected.starts_with("sha256=") && expected.len() == 7 + 64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_failing_twice_gets_the_event_once_on_attempt_three() {
+    let receiver = WebhookReceiver::start(|_, n| if n < 2 { 500 } else { 200 }).await;
+    let (env, app) = spawn_app(notify_config(&receiver.url)).await;
+    let (event, offset) = settled(&producer(env.bootstrap()), "N-A").await;
+    let id = event["eventId"].as_str().expect("id").to_owned();
+    wait_until("delivered", Deadline::DEFAULT, || async {
+        let calls = receiver.calls();
+        if calls.iter().any(|c| c.status == 200) {
+            Ok(())
+        } else {
+            Err(format!("{} calls", calls.len()))
+        }
+    })
+    .await;
+    let calls = receiver.calls();
+    assert_eq!(calls.len(), 3, "two failures, then one success, nothing after");
+    for (i, call) in calls.iter().enumerate() {
+        assert_eq!(event_id(call), id);
+        assert_eq!(call.headers.get("x-tally-attempt").map(String::as_str), Some((i + 1).to_string().as_str()));
+        assert_eq!(serde_json::from_slice::<Value>(&call.body).expect("json body"), event);
+        assert_signed(call);
+    }
+    // Each retry waited until its record was due: compare timestamps, not durations.
+    let retry1 = read_topic(env.bootstrap(), "transfers.settled-retry-1000", Deadline::secs(10)).await.expect("read");
+    let retry2 = read_topic(env.bootstrap(), "transfers.settled-retry-2000", Deadline::secs(10)).await.expect("read");
+    assert_eq!((retry1.len(), retry2.len()), (1, 1));
+    let due1: i64 = retry1[0].header("retry-due-at").expect("due").parse().expect("millis");
+    let due2: i64 = retry2[0].header("retry-due-at").expect("due").parse().expect("millis");
+    assert!(millis(calls[0].at) < due1 && due1 <= millis(calls[1].at), "attempt 2 after its due time");
+    assert!(millis(calls[1].at) < due2 && due2 <= millis(calls[2].at), "attempt 3 after its due time");
+    assert!(due2 - millis(calls[1].at) > due1 - millis(calls[0].at) - 200, "the second delay is the longer one");
+    assert_eq!(retry1[0].header("retry-attempts"), Some("1"));
+    assert_eq!(retry2[0].header("retry-attempts"), Some("2"));
+    assert_eq!(retry2[0].header("retry-original-topic"), Some("transfers.settled"));
+    assert_eq!(retry2[0].header("retry-original-offset"), Some(offset.to_string().as_str()));
+    assert_eq!(retry2[0].key.as_deref(), Some("N-A"));
+    let rows = env.db.query("SELECT attempts, response_status FROM notification_deliveries", &[]).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].get::<_, i32>(0), rows[0].get::<_, i32>(1)), (3, 200));
+    let m = app.metrics().await;
+    assert_eq!(metric_value(&m, r#"tally_notification_deliveries_total{outcome="delivered"}"#), Some(1.0));
+    assert_eq!(
+        metric_value(&m, r#"tally_retry_records_total{attempt="3",topic="transfers.settled-retry-2000"}"#),
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_always_fails_leads_to_the_dlt_after_four_attempts() {
+    let receiver = WebhookReceiver::start(|_, _| 503).await;
+    let (env, app) = spawn_app(notify_config(&receiver.url)).await;
+    let (event, offset) = settled(&producer(env.bootstrap()), "N-B").await;
+    let dlt = wait_until("dead-lettered", Deadline::DEFAULT, || async {
+        let r =
+            read_topic(env.bootstrap(), "transfers.settled-dlt", Deadline::secs(5)).await.map_err(|e| e.to_string())?;
+        if r.is_empty() {
+            Err("empty DLT".into())
+        } else {
+            Ok(r)
+        }
+    })
+    .await;
+    assert_eq!(dlt.len(), 1);
+    let r = &dlt[0];
+    assert_eq!(r.header("dlt-exception-kind"), Some("exhausted"));
+    assert_eq!(r.header("dlt-attempts"), Some("4"));
+    assert_eq!(r.header("dlt-original-topic"), Some("transfers.settled"));
+    assert_eq!(r.header("dlt-original-offset"), Some(offset.to_string().as_str()));
+    assert!(r.header("dlt-exception-message").is_some_and(|m| m.contains("503")));
+    assert!(r.headers.iter().all(|(k, _)| !k.starts_with("retry-")), "no retry headers in the DLT");
+    assert_eq!(r.payload_json(), event);
+    assert_eq!(receiver.calls().len(), 4, "four attempts in all");
+    assert_eq!(env.db.count("notification_deliveries").await, 0);
+    let m = app.metrics().await;
+    assert_eq!(metric_value(&m, r#"tally_notification_deliveries_total{outcome="dead_lettered"}"#), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failing_event_does_not_delay_the_others() {
+    let failing = Uuid::new_v4().to_string();
+    let marker = failing.clone();
+    let receiver =
+        WebhookReceiver::start(move |body, _| if String::from_utf8_lossy(body).contains(&marker) { 500 } else { 200 })
+            .await;
+    let (env, _app) = spawn_app(notify_config(&receiver.url)).await;
+    let producer = producer(env.bootstrap());
+    // The failing event first, then others with the same key (so the same partition).
+    let bad = json!({ "eventId": failing, "transferId": Uuid::new_v4(), "settledAt": "2026-11-30T00:00:00Z" });
+    let payload = bad.to_string();
+    producer
+        .send(FutureRecord::to("transfers.settled").key("SAME").payload(&payload), Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+    for _ in 0..5 {
+        settled(&producer, "SAME").await;
+    }
+    wait_until("the failing event's second attempt", Deadline::DEFAULT, || async {
+        let n = receiver.calls().iter().filter(|c| event_id(c) == failing).count();
+        if n >= 2 {
+            Ok(())
+        } else {
+            Err(format!("{n} attempts"))
+        }
+    })
+    .await;
+    let calls = receiver.calls();
+    let second_attempt = calls.iter().filter(|c| event_id(c) == failing).nth(1).expect("second attempt").at;
+    let good: Vec<_> = calls.iter().filter(|c| event_id(c) != failing && c.status == 200).collect();
+    assert_eq!(good.len(), 5, "every other event delivered");
+    assert!(good.iter().all(|c| c.at < second_attempt), "delivered before the failing one was retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_transfer_produces_one_signed_post() {
+    let receiver = WebhookReceiver::start(|_, _| 200).await;
+    let (_env, app) = spawn_app(notify_config(&receiver.url)).await;
+    for (id, balance) in [("W-A", 10_000), ("W-B", 0)] {
+        let res =
+            app.post_json("/accounts", &json!({ "id": id, "currency": "BRL", "initialBalanceCents": balance })).await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+    }
+    let res = app
+        .post_json(
+            "/transfers",
+            &json!({ "sourceAccount": "W-A", "destinationAccount": "W-B", "amountCents": 100, "currency": "BRL" }),
+        )
+        .await;
+    let transfer = json_body(res).await;
+    let calls = wait_until("the settled notification", Deadline::DEFAULT, || async {
+        let calls = receiver.calls();
+        if calls.is_empty() {
+            Err("no call".into())
+        } else {
+            Ok(calls)
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // would a second POST arrive?
+    let calls = if receiver.calls().len() > calls.len() { receiver.calls() } else { calls };
+    assert_eq!(calls.len(), 1, "one POST");
+    let body: Value = serde_json::from_slice(&calls[0].body).expect("json");
+    assert_eq!(body["transferId"], transfer["id"]);
+    assert_eq!(calls[0].headers.get("x-tally-event-type").map(String::as_str), Some("TransferSettled"));
+    assert_eq!(
+        body["eventId"],
+        json!(tally_schema::derived_event_id("settled", serde_json::from_value(transfer["id"].clone()).expect("uuid")))
+    );
+    assert_signed(&calls[0]);
+}
+
+async fn admin_post(app: &TestApp, path: &str, token: Option<&str>) -> reqwest::Response {
+    let mut req = app.client.post(format!("{}{path}", app.admin_url));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    app.send(req).await
+}
+
+async fn ledger_status(app: &TestApp) -> Value {
+    let all = json_body(app.admin_get("/admin/pipelines").await).await;
+    all["pipelines"].as_array().expect("pipelines").iter().find(|p| p["name"] == "ledger").expect("ledger").clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_stops_progress_and_lag_grows_then_resume_drains() {
+    let (env, app) = spawn_app(|c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
+    env.db
+        .batch("INSERT INTO accounts (id, balance_cents, currency) VALUES ('PZ-A', 100000, 'BRL'), ('PZ-B', 0, 'BRL')")
+        .await;
+    wait_until("the ledger owns its partitions", Deadline::DEFAULT, || async {
+        let s = ledger_status(&app).await;
+        if s["partitions"].as_array().is_some_and(|p| p.len() == 12) {
+            Ok(())
+        } else {
+            Err(s.to_string())
+        }
+    })
+    .await;
+    let res = admin_post(&app, "/admin/pipelines/ledger/pause", Some(TOKEN)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(ledger_status(&app).await["paused"], true);
+    let producer = producer(env.bootstrap());
+    for _ in 0..20 {
+        let event = json!({ "eventId": Uuid::new_v4(), "transferId": Uuid::new_v4(), "sourceAccount": "PZ-A",
+            "destinationAccount": "PZ-B", "amountCents": 10, "currency": "BRL", "score": 1, "analyzedAt": "2026-11-30T00:00:00Z" });
+        let payload = event.to_string();
+        producer
+            .send(FutureRecord::to("transfers.analyzed").key("PZ-A").payload(&payload), Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .expect("produce");
+    }
+    wait_until("lag grows while paused", Deadline::DEFAULT, || async {
+        let s = ledger_status(&app).await;
+        let lag: i64 = s["partitions"].as_array().map_or(0, |p| p.iter().filter_map(|p| p["lag"].as_i64()).sum());
+        if lag >= 20 {
+            Ok(())
+        } else {
+            Err(format!("lag {lag}"))
+        }
+    })
+    .await;
+    assert_eq!(env.db.count("processed_transfers").await, 0, "no progress while paused");
+    let res = admin_post(&app, "/admin/pipelines/ledger/resume", Some(TOKEN)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    wait_until("drained after resume", Deadline::DEFAULT, || async {
+        let n = env.db.count("processed_transfers").await;
+        if n == 20 {
+            Ok(())
+        } else {
+            Err(format!("{n} processed"))
+        }
+    })
+    .await;
+    assert_eq!(ledger_status(&app).await["paused"], false);
+    let res = admin_post(&app, "/admin/pipelines/nope/pause", Some(TOKEN)).await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_changing_admin_endpoints_need_the_token() {
+    let (env, app) = spawn_app(|c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
+    let res = admin_post(&app, "/admin/pipelines/ledger/pause", None).await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(json_body(res).await["error"]["code"], "unauthorized");
+    let res = admin_post(&app, "/admin/pipelines/ledger/pause", Some("wrong-token")).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(json_body(res).await["error"]["code"], "forbidden");
+    assert_eq!(ledger_status(&app).await["paused"], false, "refused requests change nothing");
+    let res = admin_post(&app, "/admin/pipelines/ledger/resume", Some(TOKEN)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // Reading stays open.
+    assert_eq!(app.admin_get("/admin/pipelines").await.status(), StatusCode::OK);
+    app.stop().await;
+    // Without a configured token, state-changing endpoints are refused.
+    let open = env.spawn(|_| {}).await;
+    let res = admin_post(&open, "/admin/pipelines/ledger/pause", Some("anything")).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_never_reaches_the_logs() {
+    let env = TestEnv::new().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+    let admin = format!("127.0.0.1:{port}");
+    let mut child = tally_integration_tests::spawn_tally_process(
+        &env,
+        &[("TALLY__HTTP__ADMIN_TOKEN", TOKEN), ("TALLY__HTTP__ADMIN_ADDR", &admin), ("RUST_LOG", "debug")],
+    );
+    let client = reqwest::Client::new();
+    let url = format!("http://{admin}/admin/pipelines/ledger/pause");
+    let status = wait_until("the child serves admin requests", Deadline::DEFAULT, || async {
+        match client.post(&url).bearer_auth(TOKEN).send().await {
+            Ok(r) => Ok(r.status()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+    assert!(status == StatusCode::OK || status == StatusCode::NOT_FOUND, "{status}");
+    let wrong = client.post(&url).bearer_auth(format!("{TOKEN}-wrong")).send().await.expect("request");
+    assert_eq!(wrong.status(), StatusCode::FORBIDDEN);
+    // SIGTERM: the shutdown path logs too.
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let _ = child.wait();
+    let log_path = tally_integration_tests::tally_binary().with_file_name("tally-child.log");
+    let log = std::fs::read_to_string(&log_path).expect("child log");
+    assert!(log.contains("Shutdown complete"), "the child logged (debug level) and stopped cleanly");
+    assert!(!log.contains(TOKEN), "the admin token appears in the log");
+}
