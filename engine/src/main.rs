@@ -75,6 +75,17 @@ enum BenchScenario {
         #[arg(long)]
         no_baseline: bool,
     },
+    /// The outbox publisher against the seed's relay (poll 200 ms, batches of 100): drain
+    /// rate of pending rows, and commit-to-publish latency at a fixed intake rate.
+    Outbox {
+        #[arg(long, default_value_t = 100_000)]
+        rows: usize,
+        /// POST /transfers per second in the latency phase.
+        #[arg(long, default_value_t = 1_000)]
+        rate: u32,
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
     /// HTTP load through every pipeline: a fixed offered rate, then an open loop.
     E2e {
         /// Offered transfers per second in the fixed-rate phase.
@@ -123,6 +134,9 @@ fn main() -> ExitCode {
                 &config,
                 &tally_engine::bench::ledger::Args { transfers, accounts, partitions, baseline: !no_baseline },
             )
+        }
+        Command::Bench { scenario: BenchScenario::Outbox { rows, rate, seconds } } => {
+            tally_engine::bench::outbox::run(&config, &tally_engine::bench::outbox::Args { rows, rate, seconds })
         }
         Command::Bench { scenario: BenchScenario::E2e { rate, rate_seconds, max_seconds, clients, accounts } } => {
             tally_engine::bench::e2e::run(

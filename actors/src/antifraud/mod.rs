@@ -309,19 +309,21 @@ fn drive(
                     let _ = done.send(());
                     return;
                 }
-                Control::Pause => {
+                Control::Pause(applied) => {
                     if let Ok(tpl) = consumer.assignment() {
                         let _ = consumer.pause(&tpl);
                     }
                     status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
                     info!(pipeline = PIPELINE, "Pipeline paused.");
+                    let _ = applied.send(());
                 }
-                Control::Resume => {
+                Control::Resume(applied) => {
                     if let Ok(tpl) = consumer.assignment() {
                         let _ = consumer.resume(&tpl);
                     }
                     status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
                     info!(pipeline = PIPELINE, "Pipeline resumed.");
+                    let _ = applied.send(());
                 }
             }
         }

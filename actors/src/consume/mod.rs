@@ -137,16 +137,24 @@ impl PipelineControl {
         self.status.lock().unwrap_or_else(PoisonError::into_inner).name.clone()
     }
 
-    /// Stops fetching; in-flight records finish. The status shows it at once; the driver
-    /// applies it before its next poll.
-    pub fn pause(&self) {
+    /// Stops fetching; records in flight finish. Blocks until the driver applied it
+    /// (returns false when it did not answer within 5 s).
+    #[must_use]
+    pub fn pause(&self) -> bool {
         self.status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
-        let _ = self.control.send(Control::Pause);
+        self.request(Control::Pause)
     }
 
-    pub fn resume(&self) {
+    /// Resumes fetching. Blocks until the driver applied it (false after 5 s).
+    #[must_use]
+    pub fn resume(&self) -> bool {
         self.status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
-        let _ = self.control.send(Control::Resume);
+        self.request(Control::Resume)
+    }
+
+    fn request(&self, make: fn(std::sync::mpsc::Sender<()>) -> Control) -> bool {
+        let (done, applied) = std::sync::mpsc::channel();
+        self.control.send(make(done)).is_ok() && applied.recv_timeout(Duration::from_secs(5)).is_ok()
     }
 
     #[must_use]
@@ -312,8 +320,9 @@ impl ConsumerContext for DriverContext {
 /// Commands to a driver thread.
 pub(crate) enum Control {
     Stop(std::sync::mpsc::Sender<()>),
-    Pause,
-    Resume,
+    /// Acknowledged once applied.
+    Pause(std::sync::mpsc::Sender<()>),
+    Resume(std::sync::mpsc::Sender<()>),
 }
 
 /// A running pipeline. Stop it with [`Pipeline::stop`].
@@ -421,15 +430,16 @@ fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: 
                     let _ = done.send(());
                     return;
                 }
-                Control::Pause => {
+                Control::Pause(applied) => {
                     if let Ok(tpl) = consumer.assignment() {
                         let _ = consumer.pause(&tpl);
                     }
                     paused_all = true;
                     shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
                     info!(pipeline = %name, "Pipeline paused.");
+                    let _ = applied.send(());
                 }
-                Control::Resume => {
+                Control::Resume(applied) => {
                     paused_all = false;
                     shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
                     // Partitions held by backpressure or a not-yet-due record stay paused;
@@ -446,6 +456,7 @@ fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: 
                         drop(slots);
                         let _ = consumer.resume(&ready);
                     }
+                    let _ = applied.send(());
                     info!(pipeline = %name, "Pipeline resumed.");
                 }
             }

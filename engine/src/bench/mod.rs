@@ -4,6 +4,7 @@
 
 pub mod e2e;
 pub mod ledger;
+pub mod outbox;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

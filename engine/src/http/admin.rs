@@ -120,14 +120,17 @@ fn stage<'a>(state: &'a AppState, name: &str) -> Result<&'a tally_actors::consum
 }
 
 /// `POST /admin/pipelines/{name}/pause` (admin token): stop fetching; in-flight records
-/// finish and lag grows until resumed.
+/// finish and lag grows until resumed. Answers once the pipeline applied the pause.
 async fn pause(
     _: super::auth::Admin,
     state: web::Data<AppState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    stage(&state, &name)?.pause();
+    let control = stage(&state, &name)?.clone();
     tracing::info!(pipeline = %name, "Pause requested through the admin API.");
+    if !web::block(move || control.pause()).await.unwrap_or(false) {
+        return Err(ApiError::Unavailable(format!("pipeline {name} did not confirm the pause")));
+    }
     Ok(HttpResponse::Ok().json(json!({ "pipeline": *name, "paused": true })))
 }
 
@@ -137,7 +140,10 @@ async fn resume(
     state: web::Data<AppState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    stage(&state, &name)?.resume();
+    let control = stage(&state, &name)?.clone();
     tracing::info!(pipeline = %name, "Resume requested through the admin API.");
+    if !web::block(move || control.resume()).await.unwrap_or(false) {
+        return Err(ApiError::Unavailable(format!("pipeline {name} did not confirm the resume")));
+    }
     Ok(HttpResponse::Ok().json(json!({ "pipeline": *name, "paused": false })))
 }

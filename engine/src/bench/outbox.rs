@@ -1,0 +1,224 @@
+//! `tally bench outbox`: the transactional outbox publisher against the seed's relay shape
+//! (poll every 200 ms, batches of 100, no LISTEN), from the same binary by configuration.
+//!
+//! 1. Drain: N rows pending before the publisher starts; rate = rows / (last
+//!    `published_at` - first `published_at`).
+//! 2. Commit-to-publish latency at a fixed intake rate (POST /transfers): per row,
+//!    `published_at - created_at` (the intake transaction's time to the publisher's
+//!    marking, which follows the broker's acknowledgement), p50/p99.
+//!
+//! Only the outbox pipeline runs, so nothing else competes for the machine.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use serde::Serialize;
+use serde_json::json;
+
+use super::{account, fresh_database, quantile, write_report, Progress};
+use crate::broker::EmbeddedBroker;
+use crate::config::{Config, Secret};
+
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub rows: usize,
+    pub rate: u32,
+    pub seconds: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModeReport {
+    pub mode: String,
+    pub batch_size: i64,
+    pub poll_interval_ms: u64,
+    pub listen: bool,
+    pub drain_rows: usize,
+    pub drain_rows_per_second: f64,
+    pub offered_per_second: u32,
+    pub published: i64,
+    pub commit_to_publish_p50_ms: Option<f64>,
+    pub commit_to_publish_p99_ms: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    scenario: &'static str,
+    modes: Vec<ModeReport>,
+}
+
+/// Runs the scenario.
+///
+/// # Errors
+/// When the database, the broker or the daemon fail.
+pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
+    if args.rows == 0 || args.rate == 0 {
+        bail!("need at least one row and a positive rate");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let modes =
+        [("tally", base.outbox.batch_size, base.outbox.poll_interval_ms, true), ("seed-relay", 100, 200, false)];
+    let mut reports = Vec::new();
+    for (label, batch, poll, listen) in modes {
+        reports.push(run_mode(base, args, &runtime, label, batch, poll, listen)?);
+    }
+    let report = Report { scenario: "outbox", modes: reports };
+    let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    println!();
+    println!(
+        "outbox bench: drain of {} pending rows; commit-to-publish at {}/s for {} s",
+        args.rows, args.rate, args.seconds
+    );
+    println!(
+        "{:<12} {:>6} {:>8} {:>7} {:>12} {:>10} {:>10} {:>10}",
+        "mode", "batch", "poll ms", "listen", "drain rows/s", "published", "p50 ms", "p99 ms"
+    );
+    for m in &report.modes {
+        println!(
+            "{:<12} {:>6} {:>8} {:>7} {:>12.0} {:>10} {:>10} {:>10}",
+            m.mode,
+            m.batch_size,
+            m.poll_interval_ms,
+            m.listen,
+            m.drain_rows_per_second,
+            m.published,
+            opt(m.commit_to_publish_p50_ms),
+            opt(m.commit_to_publish_p99_ms)
+        );
+    }
+    if let [t, s] = report.modes.as_slice() {
+        println!(
+            "drain: tally / seed relay = {:.1}x",
+            t.drain_rows_per_second / s.drain_rows_per_second.max(f64::MIN_POSITIVE)
+        );
+    }
+    let path = write_report("outbox", &report)?;
+    println!("JSON: {}", path.display());
+    Ok(())
+}
+
+async fn db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+async fn wait_drained(client: &tokio_postgres::Client, label: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut progress = Progress::new(Duration::from_secs(2));
+    loop {
+        let pending: i64 =
+            client.query_one("SELECT count(*) FROM outbox_events WHERE published_at IS NULL", &[]).await?.get(0);
+        if pending == 0 {
+            return Ok(());
+        }
+        progress.tick(|| format!("{label}: {pending} rows pending"));
+        if started.elapsed() > Duration::from_secs(1_800) {
+            bail!("{label}: {pending} rows still pending");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn run_mode(
+    base: &Config,
+    args: &Args,
+    runtime: &tokio::runtime::Runtime,
+    label: &str,
+    batch: i64,
+    poll: u64,
+    listen: bool,
+) -> anyhow::Result<ModeReport> {
+    let url =
+        runtime.block_on(fresh_database(base, &format!("tally_bench_outbox_{}", label.replace('-', "_")), 100))?;
+    let rows = i32::try_from(args.rows)?;
+    runtime.block_on(async {
+        db(&url)
+            .await?
+            .execute(
+                "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+                 SELECT gen_random_uuid(), 'transfers.requested', 'K-' || (i % 1000), 'TransferRequested', \
+                        repeat('x', 200) FROM generate_series(1, $1) AS i",
+                &[&rows],
+            )
+            .await?;
+        anyhow::Ok(())
+    })?;
+    let mut config = base.clone();
+    config.database.url = Secret::new(url.clone());
+    config.kafka.brokers = "embedded".into();
+    config.kafka.embedded_brokers = 1;
+    config.kafka.replication_factor = 1;
+    config.http.intake_addr = ([127, 0, 0, 1], 0).into();
+    config.http.admin_addr = ([127, 0, 0, 1], 0).into();
+    config.pipelines.ledger = false;
+    config.pipelines.antifraud = false;
+    config.pipelines.projection = false;
+    config.pipelines.orders = false;
+    config.pipelines.notifications = false;
+    config.outbox.batch_size = batch;
+    config.outbox.poll_interval_ms = poll;
+    config.outbox.listen = listen;
+    eprintln!("outbox bench ({label}): draining {} rows", args.rows);
+    let daemon = crate::spawn(config, Some(Arc::new(EmbeddedBroker::start(1)?)))?;
+    let drain_rate = runtime.block_on(async {
+        let client = db(&url).await?;
+        wait_drained(&client, label).await?;
+        let row = client
+            .query_one(
+                "SELECT count(*), EXTRACT(EPOCH FROM max(published_at) - min(published_at))::float8 FROM outbox_events",
+                &[],
+            )
+            .await?;
+        let (n, span): (i64, f64) = (row.get(0), row.get(1));
+        client.batch_execute("DELETE FROM outbox_events").await?;
+        anyhow::Ok(if span > 0.0 { n as f64 / span } else { 0.0 })
+    })?;
+
+    eprintln!("outbox bench ({label}): {} POST /transfers per second for {} s", args.rate, args.seconds);
+    let intake = format!("http://{}", daemon.intake_addr);
+    let (published, p50, p99) = runtime.block_on(async {
+        let http = reqwest::Client::new();
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        let total = args.rate as usize * args.seconds as usize;
+        for n in 0..total {
+            tokio::time::sleep_until((started + Duration::from_secs_f64(n as f64 / f64::from(args.rate))).into()).await;
+            let (http, intake) = (http.clone(), intake.clone());
+            tasks.push(tokio::spawn(async move {
+                let body = json!({ "sourceAccount": account(n % 100), "destinationAccount": account((n + 1) % 100),
+                                   "amountCents": 1, "currency": "BRL" });
+                http.post(format!("{intake}/transfers")).json(&body).send().await.map(|r| r.status().is_success())
+            }));
+        }
+        for t in tasks {
+            if !matches!(t.await, Ok(Ok(true))) {
+                bail!("a POST /transfers failed");
+            }
+        }
+        let client = db(&url).await?;
+        wait_drained(&client, label).await?;
+        let mut ms: Vec<f64> = client
+            .query("SELECT (EXTRACT(EPOCH FROM published_at - created_at) * 1000)::float8 FROM outbox_events", &[])
+            .await?
+            .iter()
+            .map(|r| r.get::<_, f64>(0))
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        anyhow::Ok((ms.len() as i64, quantile(&ms, 0.5), quantile(&ms, 0.99)))
+    })?;
+    daemon.stop();
+    Ok(ModeReport {
+        mode: label.into(),
+        batch_size: batch,
+        poll_interval_ms: poll,
+        listen,
+        drain_rows: args.rows,
+        drain_rows_per_second: drain_rate,
+        offered_per_second: args.rate,
+        published,
+        commit_to_publish_p50_ms: p50,
+        commit_to_publish_p99_ms: p99,
+    })
+}
