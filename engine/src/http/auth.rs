@@ -24,9 +24,8 @@ impl FromRequest for Admin {
 }
 
 fn check(req: &HttpRequest) -> Result<Admin, ApiError> {
-    let state = req
-        .app_data::<web::Data<AppState>>()
-        .ok_or_else(|| ApiError::Internal("admin state missing".into()))?;
+    let state =
+        req.app_data::<web::Data<AppState>>().ok_or_else(|| ApiError::Internal("admin state missing".into()))?;
     let configured = state.admin_token.expose().as_bytes();
     let presented = req
         .headers()
