@@ -1,6 +1,6 @@
 //! tally's actors and the plain logic they wrap: the outbox publisher, the consumption
 //! machinery (driver, partition consumers, keyed workers, offset watermarks), supervision
-//! (retry policy, DLT), and the pipelines built on them (ledger, ...). Actors are thin
+//! (retry policy, DLT), and the pipelines built on them (ledger, orders, ...). Actors are thin
 //! mailbox shells; the logic lives in plain structs beside them so that it is tested
 //! without an actix `System`.
 //!
@@ -11,6 +11,7 @@ pub mod consume;
 pub mod db;
 pub mod ledger;
 pub mod metrics;
+pub mod orders;
 pub mod outbox;
 pub mod projection;
 pub mod supervise;

@@ -113,6 +113,9 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         running.push(shared.start_projection()?);
     }
     let antifraud = if config.pipelines.antifraud { Some(shared.start_antifraud()?) } else { None };
+    if config.pipelines.orders {
+        running.push(shared.start_orders()?);
+    }
 
     let wake = Arc::new(Notify::new());
     let (listener_stop, listener_rx) = watch::channel(false);

@@ -67,6 +67,7 @@ pub struct Config {
     pub ledger: LedgerConfig,
     pub antifraud: AntifraudConfig,
     pub projection: ProjectionConfig,
+    pub orders: OrdersConfig,
     pub log: LogConfig,
 }
 
@@ -147,6 +148,8 @@ pub struct PipelinesConfig {
     pub antifraud: bool,
     /// Project `transfers.settled` / `transfers.rejected` onto the transfer status.
     pub projection: bool,
+    /// Materialise `orders.received` into `received_orders`.
+    pub orders: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -228,6 +231,14 @@ pub struct LedgerConfig {
     pub max_concurrent_batches: usize,
     /// How long a partial batch waits for more transfers while another batch runs.
     pub linger_ms: u64,
+    pub retry: RetryConfig,
+}
+
+/// The order materializer (seed 000): `orders.received` -> `received_orders`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrdersConfig {
+    pub group_id: String,
     pub retry: RetryConfig,
 }
 
@@ -314,7 +325,7 @@ impl Default for OutboxConfig {
 
 impl Default for PipelinesConfig {
     fn default() -> Self {
-        Self { outbox: true, ledger: true, antifraud: true, projection: true }
+        Self { outbox: true, ledger: true, antifraud: true, projection: true, orders: true }
     }
 }
 
@@ -365,6 +376,12 @@ impl Default for AntifraudConfig {
 impl Default for ProjectionConfig {
     fn default() -> Self {
         Self { group_id: "tally-projection".into(), retry: RetryConfig::default() }
+    }
+}
+
+impl Default for OrdersConfig {
+    fn default() -> Self {
+        Self { group_id: "tally-orders".into(), retry: RetryConfig::default() }
     }
 }
 
@@ -568,6 +585,13 @@ impl Config {
             return invalid("projection.group_id", "must not be empty");
         }
         self.projection.retry.validate("projection.retry")?;
+        if self.orders.group_id.trim().is_empty() {
+            return invalid("orders.group_id", "must not be empty");
+        }
+        if self.orders.group_id == self.ledger.group_id {
+            return invalid("orders.group_id", "must differ from ledger.group_id");
+        }
+        self.orders.retry.validate("orders.retry")?;
         if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
             return invalid("log.level", "is not a valid tracing filter (e.g. \"info\")");
         }
@@ -633,6 +657,25 @@ mod tests {
     }
 
     #[test]
+    fn orders_pipeline_is_on_by_default_and_validated() {
+        let c = with("").unwrap();
+        assert!(c.pipelines.orders);
+        assert_eq!(c.orders.group_id, "tally-orders");
+        assert_eq!(c.orders.retry.max_retries, 5);
+        let c =
+            with("[pipelines]\norders = false\n[orders]\ngroup_id = \"g\"\n[orders.retry]\nmax_retries = 2").unwrap();
+        assert!(!c.pipelines.orders);
+        assert_eq!((c.orders.group_id.as_str(), c.orders.retry.max_retries), ("g", 2));
+        let e = with("[orders]\ngroup_id = \" \"").unwrap_err().to_string();
+        assert!(e.contains("orders.group_id"), "{e}");
+        let e = with("[orders]\ngroup_id = \"tally-ledger\"").unwrap_err().to_string();
+        assert!(e.contains("orders.group_id"), "{e}");
+        let e = with("[orders.retry]\ninitial_ms = 0").unwrap_err().to_string();
+        assert!(e.contains("orders.retry"), "{e}");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure type, not ours
     fn environment_overrides_file() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("tally.toml", "[outbox]\nbatch_size = 7\n[kafka]\nbrokers = \"a:1\"")?;

@@ -13,6 +13,7 @@ use tally_actors::consume::{Pipeline, PipelineSpec};
 use tally_actors::db::PgPool;
 use tally_actors::ledger::{AccountLedger, LedgerTopics, SettlementBatcher, SettlementMode};
 use tally_actors::projection::StatusProjector;
+use tally_actors::orders::OrderMaterializer;
 use tally_actors::supervise::{DeadLetters, RetryPolicy, Supervision};
 use tally_actors::Metrics;
 
@@ -114,6 +115,26 @@ impl Shared<'_> {
             Arbiter::current(),
         )
         .context("cannot start the ledger pipeline")
+    }
+
+    /// The order materializer: `orders.received` -> `received_orders`, keyed by order id.
+    ///
+    /// # Errors
+    /// When the consumer cannot be created.
+    pub fn start_orders(&self) -> anyhow::Result<Pipeline> {
+        let cfg = &self.config.orders;
+        let spec = self.spec("orders", &cfg.group_id, vec![self.config.kafka.topics.orders_received.clone()]);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let supervision = self.supervision("orders", &cfg.group_id, &cfg.retry, &stopping);
+        Pipeline::start(
+            spec,
+            Arc::new(OrderMaterializer::new(self.pool.clone())),
+            supervision,
+            stopping,
+            self.metrics.clone(),
+            Arbiter::current(),
+        )
+        .context("cannot start the orders pipeline")
     }
 }
 

@@ -1,12 +1,13 @@
-//! Intake SQL, one place per table family: transfers (+ their outbox row) and accounts.
+//! Intake SQL, one place per table family: transfers (+ their outbox row), accounts, and
+//! orders (+ their outbox row).
 
 use chrono::Utc;
 use diesel::prelude::*;
 use diesel_async::scoped_futures::ScopedFutureExt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use tally_schema::events::TransferRequested;
-use tally_schema::models::{status, Account, NewOutboxEvent, Posting, Transfer};
-use tally_schema::schema::{accounts, outbox_events, postings, transfers};
+use tally_schema::events::{OrderReceived, TransferRequested};
+use tally_schema::models::{status, Account, NewOutboxEvent, Order, Posting, Transfer};
+use tally_schema::schema::{accounts, orders, outbox_events, postings, transfers};
 use tally_schema::EventType;
 use uuid::Uuid;
 
@@ -167,4 +168,105 @@ pub async fn postings_page(
         query = query.filter(postings::id.lt(before));
     }
     query.load(conn).await
+}
+
+/// A validated order, as received at intake (seed 000).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrderRequest {
+    /// The business idempotency key of reception.
+    pub external_reference: String,
+    pub customer_id: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    /// A JSON array, when given.
+    pub lines: Option<serde_json::Value>,
+}
+
+/// What happened to an order request.
+#[derive(Debug)]
+pub enum OrderIntake {
+    /// A new order (and its `OrderReceived` outbox row) was written.
+    New(Order),
+    /// The external reference was seen with the same request: nothing was written.
+    Replayed(Order),
+    /// The external reference was seen with a different request: nothing was written.
+    ReferenceConflict,
+}
+
+/// Inserts the order and its `OrderReceived` outbox row (keyed by the order id) in one
+/// transaction. `external_reference` is the idempotency key of reception: the unique
+/// constraint decides, with `ON CONFLICT DO NOTHING`, so concurrent requests with one
+/// reference create one order; the losers compare their request with the winner's.
+///
+/// # Errors
+/// When the database fails; nothing is written then.
+pub async fn create_order(
+    conn: &mut AsyncPgConnection,
+    req: &OrderRequest,
+    topic: &str,
+    traceparent: Option<String>,
+) -> Result<OrderIntake, diesel::result::Error> {
+    conn.transaction(|conn| {
+        async move {
+            let row = Order {
+                id: Uuid::now_v7(),
+                external_reference: req.external_reference.clone(),
+                customer_id: req.customer_id.clone(),
+                amount_cents: req.amount_cents,
+                currency: req.currency.clone(),
+                lines: req.lines.clone(),
+                created_at: Utc::now(),
+            };
+            let inserted: Option<Order> = diesel::insert_into(orders::table)
+                .values(&row)
+                .on_conflict(orders::external_reference)
+                .do_nothing()
+                .returning(Order::as_returning())
+                .get_result(conn)
+                .await
+                .optional()?;
+            let Some(order) = inserted else {
+                // `lines` is compared by PostgreSQL as JSONB (key order, spacing and number
+                // spelling do not matter), the other fields as stored.
+                let (existing, same_lines): (Order, bool) = orders::table
+                    .filter(orders::external_reference.eq(&req.external_reference))
+                    .select((Order::as_select(), orders::lines.is_not_distinct_from(req.lines.clone())))
+                    .first(conn)
+                    .await?;
+                let same = same_lines
+                    && existing.customer_id == req.customer_id
+                    && existing.amount_cents == req.amount_cents
+                    && existing.currency == req.currency;
+                return Ok(if same { OrderIntake::Replayed(existing) } else { OrderIntake::ReferenceConflict });
+            };
+            let event = OrderReceived {
+                event_id: Uuid::new_v4(),
+                order_id: order.id,
+                external_reference: order.external_reference.clone(),
+                customer_id: order.customer_id.clone(),
+                amount_cents: order.amount_cents,
+                currency: order.currency.clone(),
+                received_at: order.created_at,
+            };
+            let outbox = NewOutboxEvent::new(
+                event.event_id,
+                topic,
+                &order.id.to_string(),
+                EventType::OrderReceived,
+                &event,
+                traceparent,
+            )
+            .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
+            diesel::insert_into(outbox_events::table).values(&outbox).execute(conn).await?;
+            Ok(OrderIntake::New(order))
+        }
+        .scope_boxed()
+    })
+    .await
+}
+
+/// # Errors
+/// When the database fails.
+pub async fn find_order(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Option<Order>, diesel::result::Error> {
+    orders::table.find(id).select(Order::as_select()).first(conn).await.optional()
 }

@@ -19,3 +19,15 @@ pub const DLT_ATTEMPTS: &str = "dlt-attempts";
 
 /// Set on records republished from a DLT.
 pub const REPLAYED_FROM: &str = "replayed-from";
+
+/// Non-blocking retry topics (seed 001 §7): failed attempts so far, where the record first
+/// came from, and when it is due for its next attempt (epoch milliseconds).
+pub const RETRY_ATTEMPTS: &str = "retry-attempts";
+pub const RETRY_ORIGINAL_TOPIC: &str = "retry-original-topic";
+pub const RETRY_ORIGINAL_PARTITION: &str = "retry-original-partition";
+pub const RETRY_ORIGINAL_OFFSET: &str = "retry-original-offset";
+pub const RETRY_ORIGINAL_TIMESTAMP: &str = "retry-original-timestamp";
+pub const RETRY_DUE_AT: &str = "retry-due-at";
+pub const RETRY_LAST_ERROR: &str = "retry-last-error";
+/// Every header the retry machinery adds starts with this.
+pub const RETRY_PREFIX: &str = "retry-";

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use uuid::Uuid;
 
-use crate::schema::{accounts, orders, outbox_events, postings, transfers};
+use crate::schema::{accounts, orders, outbox_events, postings, received_orders, transfers};
 
 /// Transfer status values (`transfers.status`).
 pub mod status {
@@ -59,6 +59,20 @@ pub struct Order {
     pub currency: String,
     pub lines: Option<serde_json::Value>,
     pub created_at: DateTime<Utc>,
+}
+
+/// An order as the consumer of `OrderReceived` materialised it (seed 000). `order_id` is
+/// the primary key: the aggregate's stable identity, and the consumer's only deduplication.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable)]
+#[diesel(table_name = received_orders, check_for_backend(diesel::pg::Pg))]
+pub struct ReceivedOrder {
+    pub order_id: Uuid,
+    pub event_id: Uuid,
+    pub external_reference: String,
+    pub customer_id: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub received_at: DateTime<Utc>,
 }
 
 /// An outbox row to insert in the same transaction as the business change.

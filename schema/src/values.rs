@@ -14,6 +14,8 @@ pub enum ValueError {
     Currency { field: &'static str },
     #[error("{field} must be a positive integer number of cents that fits in 64 bits")]
     Amount { field: &'static str },
+    #[error("{field} must be 1 to {max} characters, not blank, without control characters")]
+    Text { field: &'static str, max: usize },
 }
 
 /// An account id: 1..=32 characters, no whitespace or control characters.
@@ -92,6 +94,20 @@ pub fn parse_amount(field: &'static str, value: &serde_json::Number) -> Result<i
     }
 }
 
+/// Validates free text such as an order's external reference: 1..=`max` characters (as
+/// PostgreSQL's `VARCHAR(max)` counts them), not blank, no control characters.
+///
+/// # Errors
+/// [`ValueError::Text`] when the value is empty, blank, too long, or holds a control
+/// character.
+pub fn parse_text(field: &'static str, value: &str, max: usize) -> Result<String, ValueError> {
+    let len = value.chars().count();
+    if len == 0 || len > max || value.trim().is_empty() || value.chars().any(char::is_control) {
+        return Err(ValueError::Text { field, max });
+    }
+    Ok(value.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +137,15 @@ mod tests {
         assert_eq!(parse_amount("a", &n("9223372036854775807").unwrap()), Ok(i64::MAX));
         for bad in ["0", "-5", "1.5", "9223372036854775808", "1e3"] {
             assert!(parse_amount("a", &n(bad).unwrap()).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn text_bounds() {
+        assert_eq!(parse_text("t", "ORD-1 x", 8), Ok("ORD-1 x".to_owned()));
+        assert!(parse_text("t", &"é".repeat(8), 8).is_ok(), "characters, not bytes");
+        for bad in ["", "   ", "123456789", "a\nb", "a\u{7}"] {
+            assert!(parse_text("t", bad, 8).is_err(), "{bad:?} accepted");
         }
     }
 }

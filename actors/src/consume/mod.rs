@@ -37,7 +37,7 @@ use tracing::{debug, error, info, warn};
 
 pub use offsets::OffsetTracker;
 pub use partition::{Drain, PartitionConsumer, PartitionShared, Release};
-pub use record::Record;
+pub use record::{Origin, Record};
 pub use worker::{KeyedWorker, Process, WorkerRegistry};
 
 use crate::metrics::Metrics;

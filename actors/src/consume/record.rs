@@ -45,9 +45,39 @@ impl Record {
         self.headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref())
     }
 
+    /// Where this record first came from: its own coordinates, or those carried in the
+    /// `retry-original-*` headers when it was read from a retry topic.
+    #[must_use]
+    pub fn origin(&self) -> Origin {
+        use tally_schema::headers as h;
+        match self.header_str(h::RETRY_ORIGINAL_TOPIC) {
+            Some(topic) => Origin {
+                topic: topic.to_owned(),
+                partition: self.header_str(h::RETRY_ORIGINAL_PARTITION).and_then(|v| v.parse().ok()).unwrap_or(self.partition),
+                offset: self.header_str(h::RETRY_ORIGINAL_OFFSET).and_then(|v| v.parse().ok()).unwrap_or(self.offset),
+                timestamp: self.header_str(h::RETRY_ORIGINAL_TIMESTAMP).and_then(|v| v.parse().ok()),
+            },
+            None => Origin { topic: self.topic.clone(), partition: self.partition, offset: self.offset, timestamp: self.timestamp },
+        }
+    }
+
+    /// Headers other than the retry machinery's own.
+    pub fn headers_without_retry(&self) -> impl Iterator<Item = &(String, Option<Vec<u8>>)> {
+        self.headers.iter().filter(|(k, _)| !k.starts_with(tally_schema::headers::RETRY_PREFIX))
+    }
+
     /// The first header named `name`, as UTF-8.
     #[must_use]
     pub fn header_str(&self, name: &str) -> Option<&str> {
         self.header(name).and_then(|v| std::str::from_utf8(v).ok())
     }
+}
+
+/// The coordinates a record was first consumed at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: Option<i64>,
 }

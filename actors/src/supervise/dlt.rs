@@ -41,13 +41,15 @@ impl DeadLetters {
     /// # Errors
     /// [`Stopping`] when the pipeline stops before the write was acknowledged.
     pub async fn publish(&self, record: &Record, kind: &str, message: &str, attempts: u32) -> Result<(), Stopping> {
-        let dlt = topics::dlt(&record.topic);
+        // A record read from a retry topic goes to its original topic's DLT.
+        let origin = record.origin();
+        let dlt = topics::dlt(&origin.topic);
         let mut wait = Duration::from_millis(200);
         loop {
             match self.try_publish(&dlt, record, kind, message, attempts).await {
                 Ok(()) => {
                     self.metrics.dlt_records_total.with_label_values(&[&dlt]).inc();
-                    error!(topic = %record.topic, partition = record.partition, offset = record.offset, kind, attempts,
+                    error!(topic = %origin.topic, partition = origin.partition, offset = origin.offset, kind, attempts,
                            reason = message, "Record dead-lettered.");
                     return Ok(());
                 }
@@ -72,7 +74,8 @@ impl DeadLetters {
         attempts: u32,
     ) -> Result<(), KafkaError> {
         let hdrs = dlt_headers(record, &self.group, kind, message, attempts);
-        let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(dlt).partition(record.partition).headers(hdrs);
+        let partition = record.origin().partition;
+        let mut out: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(dlt).partition(partition).headers(hdrs);
         if let Some(key) = &record.key {
             out = out.key(key.as_slice());
         }
@@ -83,16 +86,18 @@ impl DeadLetters {
     }
 }
 
-/// The original headers of `record` plus the `dlt-*` headers of DESIGN.md §4.
+/// The original headers of `record` (without the retry machinery's) plus the `dlt-*`
+/// headers of DESIGN.md §4, naming where the record was first consumed.
 #[must_use]
 pub fn dlt_headers(record: &Record, group: &str, kind: &str, message: &str, attempts: u32) -> OwnedHeaders {
     let mut hdrs = OwnedHeaders::new_with_capacity(record.headers.len() + 8);
-    for (k, v) in &record.headers {
+    for (k, v) in record.headers_without_retry() {
         hdrs = hdrs.insert(Header { key: k, value: v.as_deref() });
     }
-    let partition = record.partition.to_string();
-    let offset = record.offset.to_string();
-    let timestamp = record.timestamp.map(|t| t.to_string()).unwrap_or_default();
+    let origin = record.origin();
+    let partition = origin.partition.to_string();
+    let offset = origin.offset.to_string();
+    let timestamp = origin.timestamp.map(|t| t.to_string()).unwrap_or_default();
     let attempts = attempts.to_string();
     // Header values are bounded: a very long error message is cut at a character boundary.
     let mut msg_end = message.len().min(2048);
@@ -100,7 +105,7 @@ pub fn dlt_headers(record: &Record, group: &str, kind: &str, message: &str, atte
         msg_end -= 1;
     }
     for (k, v) in [
-        (headers::DLT_ORIGINAL_TOPIC, record.topic.as_str()),
+        (headers::DLT_ORIGINAL_TOPIC, origin.topic.as_str()),
         (headers::DLT_ORIGINAL_PARTITION, partition.as_str()),
         (headers::DLT_ORIGINAL_OFFSET, offset.as_str()),
         (headers::DLT_ORIGINAL_TIMESTAMP, timestamp.as_str()),

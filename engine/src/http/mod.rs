@@ -1,10 +1,11 @@
-//! The two HTTP listeners: intake (transfers, accounts) and admin (health, readiness,
+//! The two HTTP listeners: intake (transfers, accounts, orders) and admin (health, readiness,
 //! metrics, operations). Both answer errors as JSON and count requests per route.
 
 pub mod admin;
 pub mod auth;
 pub mod error;
 pub mod intake;
+pub mod orders;
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -62,6 +63,8 @@ pub fn intake_server(state: web::Data<AppState>, config: &HttpConfig) -> std::io
             .route("/transfers/{id}", web::get().to(intake::get_transfer))
             .route("/accounts", web::post().to(intake::create_account))
             .route("/accounts/{id}", web::get().to(intake::get_account))
+            .route("/orders", web::post().to(orders::create_order))
+            .route("/orders/{id}", web::get().to(orders::get_order))
             .default_service(web::to(error::not_found))
     })
     .workers(config.workers)

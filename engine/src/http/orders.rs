@@ -1,0 +1,144 @@
+//! Order intake (seed 000): `POST /orders` deduplicated by `externalReference`, the
+//! business idempotency key of reception, and `GET /orders/{id}`.
+
+use actix_web::http::header;
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Serialize};
+use tally_actors::orders::{CUSTOMER_ID_MAX, EXTERNAL_REFERENCE_MAX};
+use tally_schema::models::Order;
+use tally_schema::values::{parse_amount, parse_text};
+use tally_schema::Currency;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::store::{self, OrderIntake, OrderRequest};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateOrderBody {
+    external_reference: String,
+    customer_id: String,
+    amount_cents: serde_json::Number,
+    currency: String,
+    /// Optional; `null` is the same as absent.
+    #[serde(default)]
+    lines: Option<serde_json::Value>,
+}
+
+impl CreateOrderBody {
+    fn validate(self) -> Result<OrderRequest, ApiError> {
+        let external_reference = parse_text("externalReference", &self.external_reference, EXTERNAL_REFERENCE_MAX)?;
+        let customer_id = parse_text("customerId", &self.customer_id, CUSTOMER_ID_MAX)?;
+        let amount_cents = parse_amount("amountCents", &self.amount_cents)?;
+        let currency = Currency::parse("currency", &self.currency)?;
+        let lines = match self.lines {
+            None | Some(serde_json::Value::Null) => None,
+            Some(lines @ serde_json::Value::Array(_)) => Some(lines),
+            Some(_) => return Err(ApiError::Validation("lines must be a JSON array when given".into())),
+        };
+        Ok(OrderRequest { external_reference, customer_id, amount_cents, currency: currency.to_string(), lines })
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OrderView {
+    id: Uuid,
+    external_reference: String,
+    customer_id: String,
+    amount_cents: i64,
+    currency: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lines: Option<serde_json::Value>,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl From<Order> for OrderView {
+    fn from(o: Order) -> Self {
+        Self {
+            id: o.id,
+            external_reference: o.external_reference,
+            customer_id: o.customer_id,
+            amount_cents: o.amount_cents,
+            currency: o.currency,
+            lines: o.lines,
+            created_at: o.created_at,
+        }
+    }
+}
+
+/// `POST /orders`: 201 with the order and its `OrderReceived` queued in the outbox; a
+/// repeat of the same request with the same `externalReference` answers 200 with the
+/// existing order, a different request 409. Nothing is written unless 201.
+pub async fn create_order(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Json<CreateOrderBody>,
+) -> Result<HttpResponse, ApiError> {
+    let request = body.into_inner().validate()?;
+    let traceparent = super::traceparent(&req);
+    let mut conn = state.pool.get().await?;
+    let intake = store::create_order(&mut conn, &request, &state.topics.orders_received, Some(traceparent)).await?;
+    match intake {
+        OrderIntake::New(o) => Ok(HttpResponse::Created()
+            .insert_header((header::LOCATION, format!("/orders/{}", o.id)))
+            .json(OrderView::from(o))),
+        OrderIntake::Replayed(o) => Ok(HttpResponse::Ok()
+            .insert_header((header::LOCATION, format!("/orders/{}", o.id)))
+            .json(OrderView::from(o))),
+        OrderIntake::ReferenceConflict => Err(ApiError::Conflict {
+            code: "external_reference_conflict",
+            message: "this externalReference was already received with a different order".into(),
+        }),
+    }
+}
+
+/// `GET /orders/{id}`.
+pub async fn get_order(state: web::Data<AppState>, id: web::Path<Uuid>) -> Result<HttpResponse, ApiError> {
+    let mut conn = state.pool.get().await?;
+    let order = store::find_order(&mut conn, *id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("order {id} does not exist")))?;
+    Ok(HttpResponse::Ok().json(OrderView::from(order)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(json: serde_json::Value) -> Result<OrderRequest, String> {
+        let body: CreateOrderBody = serde_json::from_value(json).map_err(|e| e.to_string())?;
+        body.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn validation() {
+        let ok = serde_json::json!({"externalReference": "EXT-1", "customerId": "C-1", "amountCents": 10, "currency": "BRL"});
+        let req = body(ok.clone()).unwrap();
+        assert_eq!((req.amount_cents, req.lines), (10, None));
+        let mut with_lines = ok.clone();
+        with_lines["lines"] = serde_json::json!([{"sku": "A", "qty": 1}]);
+        assert!(body(with_lines).unwrap().lines.is_some());
+        let mut null_lines = ok.clone();
+        null_lines["lines"] = serde_json::Value::Null;
+        assert_eq!(body(null_lines).unwrap().lines, None);
+        for (field, bad) in [
+            ("lines", serde_json::json!({"sku": "A"})),
+            ("externalReference", serde_json::json!("")),
+            ("externalReference", serde_json::json!("x".repeat(129))),
+            ("customerId", serde_json::json!("c".repeat(65))),
+            ("amountCents", serde_json::json!(0)),
+            ("amountCents", serde_json::json!(1.5)),
+            ("currency", serde_json::json!("brl")),
+            ("unexpected", serde_json::json!(1)),
+        ] {
+            let mut case = ok.clone();
+            case[field] = bad.clone();
+            assert!(body(case).is_err(), "{field} = {bad} accepted");
+        }
+        assert!(
+            body(serde_json::json!({"externalReference": "EXT-1", "customerId": "C-1", "currency": "BRL"})).is_err()
+        );
+    }
+}
