@@ -12,8 +12,8 @@ use tally_actors::antifraud::{Antifraud, AntifraudSpec, RiskRules, RulesRiskEngi
 use tally_actors::consume::{Pipeline, PipelineSpec};
 use tally_actors::db::PgPool;
 use tally_actors::ledger::{AccountLedger, LedgerTopics, SettlementBatcher, SettlementMode};
-use tally_actors::projection::StatusProjector;
 use tally_actors::orders::OrderMaterializer;
+use tally_actors::projection::StatusProjector;
 use tally_actors::supervise::{DeadLetters, RetryPolicy, Supervision};
 use tally_actors::Metrics;
 

@@ -53,11 +53,19 @@ impl Record {
         match self.header_str(h::RETRY_ORIGINAL_TOPIC) {
             Some(topic) => Origin {
                 topic: topic.to_owned(),
-                partition: self.header_str(h::RETRY_ORIGINAL_PARTITION).and_then(|v| v.parse().ok()).unwrap_or(self.partition),
+                partition: self
+                    .header_str(h::RETRY_ORIGINAL_PARTITION)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(self.partition),
                 offset: self.header_str(h::RETRY_ORIGINAL_OFFSET).and_then(|v| v.parse().ok()).unwrap_or(self.offset),
                 timestamp: self.header_str(h::RETRY_ORIGINAL_TIMESTAMP).and_then(|v| v.parse().ok()),
             },
-            None => Origin { topic: self.topic.clone(), partition: self.partition, offset: self.offset, timestamp: self.timestamp },
+            None => Origin {
+                topic: self.topic.clone(),
+                partition: self.partition,
+                offset: self.offset,
+                timestamp: self.timestamp,
+            },
         }
     }
 
