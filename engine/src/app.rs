@@ -139,6 +139,9 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         info!("Outbox publisher disabled by pipelines.outbox = false.");
     }
 
+    let dlt_probe = Arc::new(
+        crate::dlt::reader(&config.kafka, &kafka.bootstrap).context("cannot create the DLT watermark consumer")?,
+    );
     let state = web::Data::new(AppState {
         pool,
         topics: config.kafka.topics.clone(),
@@ -148,6 +151,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         admin_token: config.http.admin_token.clone(),
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),
+        dlt_probe,
     });
     let intake = http::intake_server(state.clone(), &config.http)
         .with_context(|| format!("cannot bind the intake listener on {}", config.http.intake_addr))?;

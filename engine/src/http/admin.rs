@@ -125,14 +125,10 @@ async fn ledger_check(state: web::Data<AppState>) -> Result<HttpResponse, ApiErr
 /// Counts the records of every DLT topic (on a blocking thread) and publishes them as
 /// `tally_dlt_topic_records`.
 async fn dlt_inventory(state: &web::Data<AppState>, budget: Duration) -> Result<Vec<dlt::TopicCount>, ApiError> {
-    let (kafka, bootstrap) = (state.kafka.clone(), state.bootstrap.clone());
-    let counts = web::block(move || {
-        let deadline = dlt::Deadline::after(budget);
-        let consumer = dlt::reader(&kafka, &bootstrap)?;
-        dlt::inventory(&consumer, &kafka, deadline)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(format!("DLT inventory task failed: {e}")))??;
+    let (kafka, probe) = (state.kafka.clone(), std::sync::Arc::clone(&state.dlt_probe));
+    let counts = web::block(move || dlt::inventory(&probe, &kafka, dlt::Deadline::after(budget)))
+        .await
+        .map_err(|e| ApiError::Internal(format!("DLT inventory task failed: {e}")))??;
     dlt::publish(&counts, &state.metrics);
     Ok(counts)
 }

@@ -33,6 +33,9 @@ pub struct AppState {
     /// Kafka bootstrap servers and settings, for admin operations (DLT browsing, replay).
     pub bootstrap: String,
     pub kafka: crate::config::KafkaConfig,
+    /// A long-lived assign-only consumer for DLT watermarks (`/admin/dlt`, `/metrics`), so
+    /// that a scrape does not pay for a new Kafka connection. Never assigned, never commits.
+    pub dlt_probe: std::sync::Arc<rdkafka::consumer::BaseConsumer>,
 }
 
 /// A bound, not yet running, HTTP server and its address.
