@@ -312,8 +312,6 @@ pub struct Selection {
 pub struct Page {
     pub records: Vec<DltRecord>,
     pub next: Option<(i32, i64)>,
-    /// Records the selection covers by watermarks (before the limit).
-    pub selected: i64,
 }
 
 /// The partitions `selection` covers with their `[start, end)` offset ranges, by
@@ -356,7 +354,6 @@ fn plan(
 /// [`DltError::BadSelection`], Kafka errors, or [`DltError::Timeout`].
 pub fn read(consumer: &BaseConsumer, topic: &str, selection: &Selection, deadline: Deadline) -> Result<Page, DltError> {
     let ranges = plan(consumer, topic, selection, deadline)?;
-    let selected = ranges.iter().map(|(_, s, e)| e - s).sum();
     let mut records = Vec::new();
     let mut next = None;
     for (partition, start, end) in ranges {
@@ -415,7 +412,7 @@ pub fn read(consumer: &BaseConsumer, topic: &str, selection: &Selection, deadlin
         }
     }
     let _ = consumer.unassign();
-    Ok(Page { records, next, selected })
+    Ok(Page { records, next })
 }
 
 /// The body of `POST /admin/dlt/{topic}/replay`; every field optional, offsets inclusive.
