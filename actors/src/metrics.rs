@@ -25,6 +25,8 @@ pub struct Metrics {
     pub records_total: IntCounterVec,
     pub retries_total: IntCounterVec,
     pub dlt_records_total: IntCounterVec,
+    pub dlt_topic_records: IntGaugeVec,
+    pub dlt_replayed_total: IntCounterVec,
     pub consumer_lag: IntGaugeVec,
     pub inflight: IntGaugeVec,
     pub live_actors: IntGaugeVec,
@@ -111,6 +113,21 @@ impl Metrics {
                 Opts::new("dlt_records_total", "Records written to a dead-letter topic, by DLT topic."),
                 &["topic"],
             )?,
+            dlt_topic_records: IntGaugeVec::new(
+                Opts::new(
+                    "dlt_topic_records",
+                    "Records present in a dead-letter topic (high minus low watermark, summed over partitions), \
+                     refreshed by GET /admin/dlt and GET /metrics.",
+                ),
+                &["topic"],
+            )?,
+            dlt_replayed_total: IntCounterVec::new(
+                Opts::new(
+                    "dlt_replayed_total",
+                    "Dead-letter records republished to their original topic and acknowledged, by DLT topic.",
+                ),
+                &["topic"],
+            )?,
             consumer_lag: IntGaugeVec::new(
                 Opts::new("consumer_lag", "Records between the committed offset and the end of the partition."),
                 &["pipeline", "partition"],
@@ -181,6 +198,8 @@ impl Metrics {
         m.registry.register(Box::new(m.records_total.clone()))?;
         m.registry.register(Box::new(m.retries_total.clone()))?;
         m.registry.register(Box::new(m.dlt_records_total.clone()))?;
+        m.registry.register(Box::new(m.dlt_topic_records.clone()))?;
+        m.registry.register(Box::new(m.dlt_replayed_total.clone()))?;
         m.registry.register(Box::new(m.consumer_lag.clone()))?;
         m.registry.register(Box::new(m.inflight.clone()))?;
         m.registry.register(Box::new(m.live_actors.clone()))?;

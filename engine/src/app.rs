@@ -144,6 +144,9 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         info!("Outbox publisher disabled by pipelines.outbox = false.");
     }
 
+    let dlt_probe = Arc::new(
+        crate::dlt::reader(&config.kafka, &kafka.bootstrap).context("cannot create the DLT watermark consumer")?,
+    );
     let state = web::Data::new(AppState {
         pool,
         topics: config.kafka.topics.clone(),
@@ -154,6 +157,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),
         stages,
+        dlt_probe,
     });
     let intake = http::intake_server(state.clone(), &config.http)
         .with_context(|| format!("cannot bind the intake listener on {}", config.http.intake_addr))?;

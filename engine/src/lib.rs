@@ -9,6 +9,7 @@ pub mod bench;
 pub mod broker;
 pub mod config;
 pub mod database;
+pub mod dlt;
 pub mod http;
 pub mod kafka;
 pub mod pipelines;

@@ -132,3 +132,15 @@ pub fn query_error(err: actix_web::error::QueryPayloadError, _: &HttpRequest) ->
 pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound(format!("no route for {} {}", req.method(), req.path())))
 }
+
+impl From<crate::dlt::DltError> for ApiError {
+    fn from(e: crate::dlt::DltError) -> Self {
+        use crate::dlt::DltError;
+        match e {
+            DltError::BadSelection(m) => Self::BadRequest(m),
+            DltError::NotReplayable { .. } => Self::Conflict { code: e.code(), message: e.to_string() },
+            DltError::Client(_) => Self::Internal(e.to_string()),
+            other => Self::Unavailable(other.to_string()),
+        }
+    }
+}

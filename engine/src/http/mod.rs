@@ -35,6 +35,9 @@ pub struct AppState {
     pub kafka: crate::config::KafkaConfig,
     /// Every running consumer stage, for `/admin/pipelines`.
     pub stages: Vec<tally_actors::consume::PipelineControl>,
+    /// A long-lived assign-only consumer for DLT watermarks (`/admin/dlt`, `/metrics`), so
+    /// that a scrape does not pay for a new Kafka connection. Never assigned, never commits.
+    pub dlt_probe: std::sync::Arc<rdkafka::consumer::BaseConsumer>,
 }
 
 /// A bound, not yet running, HTTP server and its address.
