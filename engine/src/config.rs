@@ -661,8 +661,8 @@ impl Config {
         }
         self.orders.retry.validate("orders.retry")?;
         let n = &self.notifications;
-        if !n.webhook_url.is_empty() && !(n.webhook_url.starts_with("http://") || n.webhook_url.starts_with("https://"))
-        {
+        let http_url = n.webhook_url.starts_with("http://") || n.webhook_url.starts_with("https://");
+        if !n.webhook_url.is_empty() && !http_url {
             return invalid("notifications.webhook_url", "must be an http:// or https:// URL (or empty to disable)");
         }
         if !n.webhook_url.is_empty() && n.webhook_secret.is_empty() {

@@ -238,7 +238,17 @@ impl Antifraud {
         let loop_status = Arc::clone(&status);
         let thread = std::thread::Builder::new()
             .name("tally-antifraud".into())
-            .spawn(move || drive(&consumer, producer, &spec, risk, &metrics, &control_rx, &stop_flag, &loop_status))
+            .spawn(move || {
+                let io = LoopIo {
+                    consumer: &consumer,
+                    spec: &spec,
+                    metrics: &metrics,
+                    control: &control_rx,
+                    stopping: &stop_flag,
+                    status: &loop_status,
+                };
+                drive(&io, producer, risk);
+            })
             .map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
         info!(pipeline = PIPELINE, "Antifraud stage started.");
         let handle = PipelineControl::new(control.clone(), status);
@@ -285,16 +295,18 @@ fn new_producer(spec: &AntifraudSpec) -> KafkaResult<TxnProducer> {
     Ok(producer)
 }
 
-fn drive(
-    consumer: &BaseConsumer<AntifraudContext>,
-    mut producer: TxnProducer,
-    spec: &AntifraudSpec,
-    mut risk: Box<dyn RiskEngine>,
-    metrics: &Metrics,
-    control: &std::sync::mpsc::Receiver<Control>,
-    stopping: &AtomicBool,
-    status: &Mutex<PipelineStatus>,
-) {
+/// What the antifraud loop works with, besides its producer and risk engine.
+struct LoopIo<'a> {
+    consumer: &'a BaseConsumer<AntifraudContext>,
+    spec: &'a AntifraudSpec,
+    metrics: &'a Metrics,
+    control: &'a std::sync::mpsc::Receiver<Control>,
+    stopping: &'a AtomicBool,
+    status: &'a Mutex<PipelineStatus>,
+}
+
+fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngine>) {
+    let LoopIo { consumer, spec, metrics, control, stopping, status } = *io;
     let mut last_status = Instant::now();
     loop {
         if last_status.elapsed() >= Duration::from_millis(500) {
