@@ -801,3 +801,88 @@ impl Drop for WebhookReceiver {
         self.task.abort();
     }
 }
+
+/// An idempotent producer (acks=all) for tests that play an upstream stage.
+///
+/// # Panics
+/// When the producer cannot be created.
+#[must_use]
+pub fn producer(bootstrap: &str) -> rdkafka::producer::FutureProducer {
+    rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()
+        .expect("test producer")
+}
+
+/// Produces one record (to `partition` when given, else by key) with `headers`; returns
+/// its (partition, offset).
+///
+/// # Panics
+/// When the broker does not acknowledge it.
+pub async fn produce(
+    producer: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    partition: Option<i32>,
+    key: &str,
+    payload: &[u8],
+    headers: &[(&str, &str)],
+) -> (i32, i64) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let mut hdrs = OwnedHeaders::new_with_capacity(headers.len());
+    for (k, v) in headers {
+        hdrs = hdrs.insert(Header { key: k, value: Some(v.as_bytes()) });
+    }
+    let mut record = rdkafka::producer::FutureRecord::to(topic).key(key).payload(payload).headers(hdrs);
+    if let Some(p) = partition {
+        record = record.partition(p);
+    }
+    producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map(|d| (d.partition, d.offset))
+        .map_err(|(e, _)| e)
+        .expect("produce")
+}
+
+/// The committed offset (the next one to read) of `group` on `topic`/`partition`, or -1.
+/// Reads without joining the group.
+///
+/// # Panics
+/// When the offsets cannot be fetched.
+#[must_use]
+pub fn committed_offset(bootstrap: &str, group: &str, topic: &str, partition: i32) -> i64 {
+    use rdkafka::consumer::Consumer;
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .expect("offset reader");
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(5)).expect("committed offsets");
+    match committed.find_partition(topic, partition).map(|e| e.offset()) {
+        Some(rdkafka::Offset::Offset(o)) => o,
+        _ => -1,
+    }
+}
+
+/// Waits until `group` committed past `offset` of `topic`/`partition` (it finished it).
+pub async fn wait_committed_past(bootstrap: &str, group: &str, topic: &str, partition: i32, offset: i64) {
+    let (bootstrap, group, topic) = (bootstrap.to_owned(), group.to_owned(), topic.to_owned());
+    wait_until(&format!("{group}: offset {offset} of {topic}/{partition} committed"), Deadline::DEFAULT, || {
+        let (bootstrap, group, topic) = (bootstrap.clone(), group.clone(), topic.clone());
+        async move {
+            let c = tokio::task::spawn_blocking(move || committed_offset(&bootstrap, &group, &topic, partition))
+                .await
+                .expect("offset task");
+            if c > offset {
+                Ok(c)
+            } else {
+                Err(format!("committed {c}"))
+            }
+        }
+    })
+    .await;
+}

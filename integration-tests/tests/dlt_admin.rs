@@ -6,18 +6,13 @@
 //! process) created by the harness. Database: a fresh PostgreSQL database per test.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
-use std::time::Duration;
-
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::producer::FutureProducer;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_engine::config::RetryConfig;
 use tally_integration_tests::{
-    json_body, metric_value, read_topic, spawn_app, wait_until, Deadline, KafkaRecord, TestApp, TestDb,
+    self as harness, json_body, metric_value, producer, read_topic, spawn_app, wait_until, Deadline, KafkaRecord,
+    TestApp, TestDb,
 };
 use uuid::Uuid;
 
@@ -25,15 +20,6 @@ const ANALYZED: &str = "transfers.analyzed";
 const DLT: &str = "transfers.analyzed-dlt";
 const GROUP: &str = "tally-ledger";
 const TOKEN: &str = "dlt-test-token";
-
-fn producer(bootstrap: &str) -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .create()
-        .expect("test producer")
-}
 
 fn analyzed(transfer_id: Uuid, from: &str, to: &str, amount: i64) -> Value {
     json!({
@@ -43,66 +29,23 @@ fn analyzed(transfer_id: Uuid, from: &str, to: &str, amount: i64) -> Value {
     })
 }
 
-/// Produces `payload` keyed by `key` to `topic` (on `partition` when given) with
-/// `headers`; returns (partition, offset).
-async fn produce_to(
-    producer: &FutureProducer,
-    topic: &str,
-    partition: Option<i32>,
-    key: &str,
-    payload: &[u8],
-    headers: &[(&str, &str)],
-) -> (i32, i64) {
-    let mut hdrs = OwnedHeaders::new();
-    for (k, v) in headers {
-        hdrs = hdrs.insert(Header { key: k, value: Some(v.as_bytes()) });
-    }
-    let mut record = FutureRecord::to(topic).key(key).payload(payload).headers(hdrs);
-    if let Some(p) = partition {
-        record = record.partition(p);
-    }
-    producer
-        .send(record, Duration::from_secs(10))
-        .await
-        .map(|d| (d.partition, d.offset))
-        .map_err(|(e, _)| e)
-        .expect("produce")
+/// Waits until the ledger group committed past `offset` of `partition` (it processed it).
+async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
+    harness::wait_committed_past(bootstrap, GROUP, ANALYZED, partition, offset).await;
 }
 
 /// Produces to `transfers.analyzed` as an upstream stage would (event-id, event-type).
 async fn produce_analyzed(producer: &FutureProducer, key: &str, payload: &[u8]) -> (i32, i64) {
     let event_id = Uuid::new_v4().to_string();
-    produce_to(producer, ANALYZED, None, key, payload, &[("event-id", &event_id), ("event-type", "TransferAnalyzed")])
-        .await
-}
-
-fn committed(bootstrap: &str, partition: i32) -> i64 {
-    let consumer: BaseConsumer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).set("group.id", GROUP).create().expect("offset reader");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(ANALYZED, partition);
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(5)).expect("committed offsets");
-    match committed.find_partition(ANALYZED, partition).map(|e| e.offset()) {
-        Some(Offset::Offset(o)) => o,
-        _ => -1,
-    }
-}
-
-/// Waits until the ledger group committed past `offset` of `partition` (it processed it).
-async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
-    let bootstrap = bootstrap.to_owned();
-    wait_until(&format!("offset {offset} of partition {partition} committed"), Deadline::DEFAULT, || {
-        let bootstrap = bootstrap.clone();
-        async move {
-            let c = tokio::task::spawn_blocking(move || committed(&bootstrap, partition)).await.expect("offset task");
-            if c > offset {
-                Ok(c)
-            } else {
-                Err(format!("committed {c}"))
-            }
-        }
-    })
-    .await;
+    harness::produce(
+        producer,
+        ANALYZED,
+        None,
+        key,
+        payload,
+        &[("event-id", &event_id), ("event-type", "TransferAnalyzed")],
+    )
+    .await
 }
 
 async fn accounts(db: &TestDb, rows: &[(&str, i64)]) {
@@ -400,7 +343,7 @@ async fn replay_requires_the_admin_token() {
 async fn dead_letter(producer: &FutureProducer, partition: i32, key: &str, original_offset: i64) -> i64 {
     let (original_partition, offset) = (partition.to_string(), original_offset.to_string());
     let payload = format!("{{\"n\":{original_offset}}}");
-    produce_to(
+    harness::produce(
         producer,
         DLT,
         Some(partition),
@@ -472,7 +415,7 @@ async fn replay_selects_by_partition_offsets_and_key() {
     );
 
     // A record that lacks its origin: nothing of that selection is replayed.
-    produce_to(&producer, DLT, Some(2), "K-4", b"{}", &[]).await;
+    harness::produce(&producer, DLT, Some(2), "K-4", b"{}", &[]).await;
     dead_letter(&producer, 2, "K-4", 300).await;
     let (status, body) = replay(&app, Some(TOKEN), DLT, Some(json!({"partition": 2}))).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");

@@ -10,31 +10,19 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::producer::FutureProducer;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_engine::config::RetryConfig;
 use tally_integration_tests::{
-    json_body, metric_value, read_topic, spawn_app, wait_until, Deadline, TestApp, TestDb, TestEnv,
+    self as harness, json_body, metric_value, producer, read_topic, spawn_app, wait_until, Deadline, TestApp, TestDb,
+    TestEnv,
 };
 use uuid::Uuid;
 
 const ANALYZED: &str = "transfers.analyzed";
 const DLT: &str = "transfers.analyzed-dlt";
 const GROUP: &str = "tally-ledger";
-
-fn producer(bootstrap: &str) -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .create()
-        .expect("test producer")
-}
 
 fn analyzed(transfer_id: Uuid, from: &str, to: &str, amount: i64, currency: &str) -> Value {
     json!({
@@ -44,51 +32,27 @@ fn analyzed(transfer_id: Uuid, from: &str, to: &str, amount: i64, currency: &str
     })
 }
 
-/// Produces `payload` keyed by `key` to `transfers.analyzed`; returns (partition, offset).
+/// Produces `payload` keyed by `key` to `transfers.analyzed` as antifraud would.
 async fn produce_raw(producer: &FutureProducer, key: &str, payload: &[u8]) -> (i32, i64) {
-    let headers = OwnedHeaders::new()
-        .insert(Header { key: "event-id", value: Some(Uuid::new_v4().to_string().as_bytes()) })
-        .insert(Header { key: "event-type", value: Some("TransferAnalyzed".as_bytes()) });
-    producer
-        .send(FutureRecord::to(ANALYZED).key(key).payload(payload).headers(headers), Duration::from_secs(10))
-        .await
-        .map(|d| (d.partition, d.offset))
-        .map_err(|(e, _)| e)
-        .expect("produce to transfers.analyzed")
+    let event_id = Uuid::new_v4().to_string();
+    harness::produce(
+        producer,
+        ANALYZED,
+        None,
+        key,
+        payload,
+        &[("event-id", &event_id), ("event-type", "TransferAnalyzed")],
+    )
+    .await
+}
+
+async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
+    harness::wait_committed_past(bootstrap, GROUP, ANALYZED, partition, offset).await;
 }
 
 async fn produce(producer: &FutureProducer, event: &Value) -> (i32, i64) {
     let key = event["sourceAccount"].as_str().expect("sourceAccount").to_owned();
     produce_raw(producer, &key, event.to_string().as_bytes()).await
-}
-
-/// The ledger group's committed offset of `partition` (the next offset it will read).
-fn committed(bootstrap: &str, partition: i32) -> i64 {
-    let consumer: BaseConsumer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).set("group.id", GROUP).create().expect("offset reader");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(ANALYZED, partition);
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(5)).expect("committed offsets");
-    match committed.find_partition(ANALYZED, partition).map(|e| e.offset()) {
-        Some(Offset::Offset(o)) => o,
-        _ => -1,
-    }
-}
-
-async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
-    let bootstrap = bootstrap.to_owned();
-    wait_until(&format!("offset {offset} of partition {partition} committed"), Deadline::DEFAULT, || {
-        let bootstrap = bootstrap.clone();
-        async move {
-            let c = tokio::task::spawn_blocking(move || committed(&bootstrap, partition)).await.expect("offset task");
-            if c > offset {
-                Ok(c)
-            } else {
-                Err(format!("committed {c}"))
-            }
-        }
-    })
-    .await;
 }
 
 async fn accounts(db: &TestDb, rows: &[(&str, i64, &str)]) {

@@ -7,14 +7,8 @@
 //! calls `materialize()` directly. Database: a fresh PostgreSQL database per test.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
-use std::time::Duration;
-
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::producer::FutureProducer;
 use reqwest::header::CONTENT_TYPE;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -22,7 +16,8 @@ use tally_actors::orders::{materialize, Materialized};
 use tally_engine::config::RetryConfig;
 use tally_engine::Config;
 use tally_integration_tests::{
-    json_body, metric_value, read_topic, spawn_app, wait_for_records, wait_until, Deadline, TestApp, TestDb, TestEnv,
+    self as harness, json_body, metric_value, producer, read_topic, spawn_app, wait_for_records, wait_until, Deadline,
+    TestApp, TestDb, TestEnv,
 };
 use tally_schema::events::OrderReceived;
 use uuid::Uuid;
@@ -36,15 +31,6 @@ const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-
 // Helpers
 // ---------------------------------------------------------------------------------------
 
-fn producer(bootstrap: &str) -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .create()
-        .expect("test producer")
-}
-
 fn order_received(order_id: Uuid, reference: &str) -> Value {
     json!({
         "eventId": Uuid::new_v4(), "orderId": order_id, "externalReference": reference,
@@ -57,59 +43,36 @@ fn order_id(event: &Value) -> Uuid {
     serde_json::from_value(event["orderId"].clone()).expect("orderId is a UUID")
 }
 
-/// Produces `payload` keyed by `key` to `orders.received`, on `partition` when given;
-/// returns (partition, offset).
+/// Produces `payload` keyed by `key` to `orders.received`, on `partition` when given.
 async fn produce_raw(producer: &FutureProducer, key: &str, payload: &[u8], partition: Option<i32>) -> (i32, i64) {
-    let headers = OwnedHeaders::new()
-        .insert(Header { key: "event-id", value: Some(Uuid::new_v4().to_string().as_bytes()) })
-        .insert(Header { key: "event-type", value: Some("OrderReceived".as_bytes()) });
-    let mut record = FutureRecord::to(RECEIVED).key(key).payload(payload).headers(headers);
-    if let Some(p) = partition {
-        record = record.partition(p);
-    }
-    producer
-        .send(record, Duration::from_secs(10))
+    let event_id = Uuid::new_v4().to_string();
+    harness::produce(
+        producer,
+        RECEIVED,
+        partition,
+        key,
+        payload,
+        &[("event-id", &event_id), ("event-type", "OrderReceived")],
+    )
+    .await
+}
+
+/// The orders group's committed offset of `partition` (-1 when nothing is committed).
+async fn committed_async(bootstrap: &str, partition: i32) -> i64 {
+    let bootstrap = bootstrap.to_owned();
+    tokio::task::spawn_blocking(move || harness::committed_offset(&bootstrap, GROUP, RECEIVED, partition))
         .await
-        .map(|d| (d.partition, d.offset))
-        .map_err(|(e, _)| e)
-        .expect("produce to orders.received")
+        .expect("offset task")
+}
+
+async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
+    harness::wait_committed_past(bootstrap, GROUP, RECEIVED, partition, offset).await;
 }
 
 /// Produces an `OrderReceived` keyed by its order id (the contract of DESIGN.md §4).
 async fn produce(producer: &FutureProducer, event: &Value, partition: Option<i32>) -> (i32, i64) {
     let key = order_id(event).to_string();
     produce_raw(producer, &key, event.to_string().as_bytes(), partition).await
-}
-
-/// The orders group's committed offset of `partition` (the next offset it will read), -1
-/// when nothing is committed.
-fn committed(bootstrap: &str, partition: i32) -> i64 {
-    let consumer: BaseConsumer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).set("group.id", GROUP).create().expect("offset reader");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(RECEIVED, partition);
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(5)).expect("committed offsets");
-    match committed.find_partition(RECEIVED, partition).map(|e| e.offset()) {
-        Some(Offset::Offset(o)) => o,
-        _ => -1,
-    }
-}
-
-async fn committed_async(bootstrap: &str, partition: i32) -> i64 {
-    let bootstrap = bootstrap.to_owned();
-    tokio::task::spawn_blocking(move || committed(&bootstrap, partition)).await.expect("offset task")
-}
-
-async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
-    wait_until(&format!("offset {offset} of partition {partition} committed"), Deadline::DEFAULT, || async move {
-        let c = committed_async(bootstrap, partition).await;
-        if c > offset {
-            Ok(c)
-        } else {
-            Err(format!("committed {c}"))
-        }
-    })
-    .await;
 }
 
 async fn received_rows(db: &TestDb, order: Uuid) -> i64 {

@@ -37,7 +37,9 @@ use tracing::{info, warn};
 
 pub use risk::{RiskEngine, RiskRules, RulesRiskEngine};
 
-use crate::consume::{publish_lag, Control, PartitionStatus, PipelineControl, PipelineStatus, Record, StatsView};
+use crate::consume::{
+    publish_lag, record_stats, Control, PartitionStatus, PipelineControl, PipelineStatus, Record, StatsView,
+};
 use crate::metrics::Metrics;
 use crate::supervise::{dlt_headers, RetryPolicy};
 
@@ -161,14 +163,7 @@ struct AntifraudContext {
 impl ClientContext for AntifraudContext {
     fn stats(&self, stats: Statistics) {
         publish_lag(&self.metrics, PIPELINE, &self.topics, &stats);
-        let mut view = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
-        for (topic, t) in &stats.topics {
-            for (id, p) in &t.partitions {
-                if *id >= 0 {
-                    view.insert((topic.clone(), *id), (p.committed_offset, p.consumer_lag));
-                }
-            }
-        }
+        record_stats(&self.stats, &stats);
     }
 }
 

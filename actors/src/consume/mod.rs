@@ -275,14 +275,7 @@ struct DriverContext {
 
 impl ClientContext for DriverContext {
     fn stats(&self, stats: Statistics) {
-        let mut view = self.shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
-        for (topic, t) in &stats.topics {
-            for (id, p) in &t.partitions {
-                if *id >= 0 {
-                    view.insert((topic.clone(), *id), (p.committed_offset, p.consumer_lag));
-                }
-            }
-        }
+        record_stats(&self.shared.stats, &stats);
     }
 }
 
@@ -494,6 +487,18 @@ fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: 
         if last_passivation.elapsed() >= Duration::from_secs(5) {
             last_passivation = Instant::now();
             shared.registry.lock().unwrap_or_else(PoisonError::into_inner).passivate_idle();
+        }
+    }
+}
+
+/// Keeps the committed offset and lag of every partition from librdkafka statistics.
+pub(crate) fn record_stats(view: &Mutex<StatsView>, stats: &Statistics) {
+    let mut view = view.lock().unwrap_or_else(PoisonError::into_inner);
+    for (topic, t) in &stats.topics {
+        for (id, p) in &t.partitions {
+            if *id >= 0 {
+                view.insert((topic.clone(), *id), (p.committed_offset, p.consumer_lag));
+            }
         }
     }
 }

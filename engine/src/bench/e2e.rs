@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use super::{account, fresh_database, peak_rss_mib, quantile, write_report, Progress};
+use super::{account, connect as db, fresh_database, peak_rss_mib, quantile, write_report, Progress};
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, Secret};
 
@@ -119,12 +119,6 @@ async fn warm_up(client: &reqwest::Client, intake: &str, url: &str) -> anyhow::R
     post(client, intake, 0, 2).await?;
     wait_final(url, Duration::from_secs(120)).await?;
     clear(url).await
-}
-
-async fn db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    Ok(client)
 }
 
 /// Waits until no transfer is PENDING.

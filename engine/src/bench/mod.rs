@@ -103,6 +103,16 @@ pub fn histogram_quantile(text: &str, name: &str, filter: &str, q: f64) -> Optio
     None
 }
 
+/// A PostgreSQL client whose connection runs on the current runtime.
+///
+/// # Errors
+/// When PostgreSQL is unreachable.
+pub async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
 /// The id of bench account `i` (see [`fresh_database`]).
 #[must_use]
 pub fn account(i: usize) -> String {

@@ -16,7 +16,7 @@ use anyhow::bail;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{account, fresh_database, quantile, write_report, Progress};
+use super::{account, connect as db, fresh_database, quantile, write_report, Progress};
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, Secret};
 
@@ -96,12 +96,6 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     let path = write_report("outbox", &report)?;
     println!("JSON: {}", path.display());
     Ok(())
-}
-
-async fn db(url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
-    Ok(client)
 }
 
 async fn wait_drained(client: &tokio_postgres::Client, label: &str) -> anyhow::Result<()> {
