@@ -806,7 +806,6 @@ impl Drop for WebhookReceiver {
 ///
 /// # Panics
 /// When the producer cannot be created.
-#[must_use]
 pub fn producer(bootstrap: &str) -> rdkafka::producer::FutureProducer {
     rdkafka::config::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
