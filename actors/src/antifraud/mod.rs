@@ -203,6 +203,7 @@ impl Antifraud {
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
             .set("fetch.wait.max.ms", "25")
+            .set("fetch.queue.backoff.ms", "5")
             .set_log_level(RDKafkaLogLevel::Warning);
         for (k, v) in spec.consumer.config_map() {
             consumer_config.set(k, v);

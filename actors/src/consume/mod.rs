@@ -77,7 +77,11 @@ impl PipelineSpec {
             .set("statistics.interval.ms", "5000")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
-            .set("queued.min.messages", "1000")
+            // Prefetch per partition, bounded; librdkafka 2.x then waits
+            // fetch.queue.backoff.ms (default 1 s) before fetching that partition again,
+            // which starves a fast pipeline: keep the back-off short.
+            .set("queued.min.messages", "10000")
+            .set("fetch.queue.backoff.ms", "5")
             // librdkafka waits up to 500 ms for an empty fetch by default; the mock broker
             // does not answer early when data arrives, which adds that wait per hop.
             .set("fetch.wait.max.ms", "25")
@@ -204,7 +208,9 @@ impl Shared {
             if slots.contains_key(&tp) {
                 continue;
             }
-            let (tx, rx) = mpsc::channel(self.spec.max_in_flight.max(1));
+            // The queue holds records not yet started; the semaphore of the partition consumer
+            // bounds those in flight. A queue of one would pause and refetch per record.
+            let (tx, rx) = mpsc::channel(self.spec.max_in_flight.max(64));
             let shared = Arc::new(PartitionShared::default());
             let (topic, partition) = tp.clone();
             let (max, registry, state) = (self.spec.max_in_flight, Arc::clone(&self.registry), Arc::clone(&shared));
