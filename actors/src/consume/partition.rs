@@ -101,7 +101,8 @@ impl PartitionConsumer {
         if let Some(watermark) = self.tracker.complete(offset) {
             self.shared.watermark.store(watermark, Ordering::Release);
         }
-        self.publish_state();
+        // The oldest-age scan is linear in the records in flight: it runs on the timer.
+        self.shared.in_flight.store(self.tracker.in_flight(), Ordering::Relaxed);
         if self.draining && self.tracker.is_empty() {
             self.finish_drain();
         }
