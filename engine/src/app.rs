@@ -134,6 +134,8 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
             cleanup_interval: Duration::from_secs(config.outbox.cleanup_interval_secs),
             backoff_initial: Duration::from_millis(config.outbox.backoff_initial_ms),
             backoff_max: Duration::from_millis(config.outbox.backoff_max_ms),
+            concurrency: config.outbox.concurrency,
+            claim_until_empty: config.outbox.claim_until_empty,
         };
         if config.outbox.listen {
             listener =

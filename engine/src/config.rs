@@ -136,6 +136,11 @@ pub struct OutboxConfig {
     pub send_timeout_ms: u64,
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
+    /// Publish loops per daemon (each on a disjoint half of the free key shards).
+    pub concurrency: usize,
+    /// Claim again at once while rows are pending. `false` reproduces the seed's relay
+    /// (`@Scheduled(fixedDelay = poll_interval_ms)`: one batch per interval), for comparison.
+    pub claim_until_empty: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -341,6 +346,8 @@ impl Default for OutboxConfig {
             send_timeout_ms: 10_000,
             backoff_initial_ms: 200,
             backoff_max_ms: 10_000,
+            concurrency: 2,
+            claim_until_empty: true,
         }
     }
 }
@@ -606,6 +613,9 @@ impl Config {
         }
         if self.outbox.backoff_initial_ms == 0 || self.outbox.backoff_max_ms < self.outbox.backoff_initial_ms {
             return invalid("outbox.backoff_max_ms", "must be at least outbox.backoff_initial_ms (> 0)");
+        }
+        if !(1..=8).contains(&self.outbox.concurrency) || self.outbox.concurrency >= self.database.pool_size {
+            return invalid("outbox.concurrency", "must be between 1 and 8, and below database.pool_size");
         }
         if self.outbox.cleanup_interval_secs == 0 {
             return invalid("outbox.cleanup_interval_secs", "must be greater than 0");

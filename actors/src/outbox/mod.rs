@@ -24,6 +24,12 @@ pub struct PublisherSettings {
     pub cleanup_interval: Duration,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// Claim again at once while rows are pending (tally). `false` is the seed's
+    /// `@Scheduled(fixedDelay)` relay: one batch, then the poll interval, always.
+    pub claim_until_empty: bool,
+    /// Publish loops running at once. Each claims a random half of the free shards, and the
+    /// shard locks keep their rows apart, so per-key order holds across them.
+    pub concurrency: usize,
 }
 
 /// Publishes the transactional outbox to Kafka.
@@ -32,7 +38,7 @@ pub struct OutboxPublisher {
     settings: PublisherSettings,
     wake: Arc<Notify>,
     stop: watch::Sender<bool>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl OutboxPublisher {
@@ -40,7 +46,7 @@ impl OutboxPublisher {
     #[must_use]
     pub fn new(relay: OutboxRelay, settings: PublisherSettings, wake: Arc<Notify>) -> Self {
         let (stop, _) = watch::channel(false);
-        Self { relay: Arc::new(relay), settings, wake, stop, task: None }
+        Self { relay: Arc::new(relay), settings, wake, stop, tasks: Vec::new() }
     }
 }
 
@@ -49,12 +55,15 @@ impl Actor for OutboxPublisher {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(16);
-        let relay = Arc::clone(&self.relay);
-        let settings = self.settings.clone();
-        let wake = Arc::clone(&self.wake);
-        let stop = self.stop.subscribe();
-        self.task = Some(actix::spawn(publish_loop(relay, settings, wake, stop)));
-        info!("Outbox publisher started.");
+        for index in 0..self.settings.concurrency.max(1) {
+            let relay = Arc::clone(&self.relay);
+            let settings = self.settings.clone();
+            let wake = Arc::clone(&self.wake);
+            let stop = self.stop.subscribe();
+            // Only the first loop deletes published rows past retention.
+            self.tasks.push(actix::spawn(publish_loop(relay, settings, wake, stop, index == 0)));
+        }
+        info!(loops = self.tasks.len(), "Outbox publisher started.");
     }
 }
 
@@ -82,11 +91,11 @@ impl Handler<StopPublishing> for OutboxPublisher {
 
     fn handle(&mut self, _: StopPublishing, _: &mut Self::Context) -> Self::Result {
         let _ = self.stop.send(true);
-        let task = self.task.take();
+        let tasks = std::mem::take(&mut self.tasks);
         let relay = Arc::clone(&self.relay);
         Box::pin(
             async move {
-                if let Some(task) = task {
+                for task in tasks {
                     let _ = task.await;
                 }
                 let producer = relay.producer().clone();
@@ -114,15 +123,19 @@ async fn publish_loop(
     settings: PublisherSettings,
     wake: Arc<Notify>,
     mut stop: watch::Receiver<bool>,
+    cleans: bool,
 ) {
     let mut backoff = settings.backoff_initial;
     let mut last_cleanup = Instant::now();
+    let mut empty_claims = 0_u32;
     while !*stop.borrow() {
         let pause = match relay.publish_batch().await {
             Ok(n) => {
                 backoff = settings.backoff_initial;
-                if n > 0 {
-                    // More rows may be pending: claim again at once.
+                empty_claims = if n > 0 { 0 } else { empty_claims + 1 };
+                // A claim covers half of the shards: claim again before sleeping, so rows
+                // in the other half do not wait for the next wake-up.
+                if settings.claim_until_empty && empty_claims < 2 {
                     None
                 } else {
                     Some(settings.poll_interval)
@@ -136,7 +149,7 @@ async fn publish_loop(
                 Some(wait)
             }
         };
-        if last_cleanup.elapsed() >= settings.cleanup_interval {
+        if cleans && last_cleanup.elapsed() >= settings.cleanup_interval {
             last_cleanup = Instant::now();
             match relay.delete_published(settings.retention).await {
                 Ok(0) => {}

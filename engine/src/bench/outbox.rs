@@ -1,5 +1,6 @@
 //! `tally bench outbox`: the transactional outbox publisher against the seed's relay shape
-//! (poll every 200 ms, batches of 100, no LISTEN), from the same binary by configuration.
+//! (`@Scheduled(fixedDelay = 200)`, batches of 100, no LISTEN: at most 500 rows/s), from the
+//! same binary by configuration.
 //!
 //! 1. Drain: N rows pending before the publisher starts; rate = rows / (last
 //!    `published_at` - first `published_at`).
@@ -154,6 +155,9 @@ fn run_mode(
     config.outbox.batch_size = batch;
     config.outbox.poll_interval_ms = poll;
     config.outbox.listen = listen;
+    // The seed's relay is one loop publishing one batch per fixed delay.
+    config.outbox.concurrency = if listen { base.outbox.concurrency } else { 1 };
+    config.outbox.claim_until_empty = listen;
     eprintln!("outbox bench ({label}): draining {} rows", args.rows);
     let daemon = crate::spawn(config, Some(Arc::new(EmbeddedBroker::start(1)?)))?;
     let drain_rate = runtime.block_on(async {
