@@ -339,3 +339,73 @@ async fn the_admin_token_never_reaches_the_logs() {
     assert!(log.contains("Shutdown complete"), "the child logged (debug level) and stopped cleanly");
     assert!(!log.contains(TOKEN), "the admin token appears in the log");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_receiver_is_fixed_replay_delivers_dead_lettered_events_exactly_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let healthy = Arc::clone(&fixed);
+    let receiver = WebhookReceiver::start(move |_, _| if healthy.load(Ordering::SeqCst) { 200 } else { 500 }).await;
+    let (env, app) = spawn_app(|c| {
+        notify_config(&receiver.url)(c);
+        c.notifications.retry_initial_ms = 100;
+        c.notifications.retry_max_ms = 400;
+    })
+    .await;
+    let producer = producer(env.bootstrap());
+    let mut ids = Vec::new();
+    for key in ["R-1", "R-2"] {
+        ids.push(settled(&producer, key).await.0["eventId"].as_str().expect("id").to_owned());
+    }
+    wait_until("both events dead-lettered", Deadline::DEFAULT, || async {
+        let r =
+            read_topic(env.bootstrap(), "transfers.settled-dlt", Deadline::secs(5)).await.map_err(|e| e.to_string())?;
+        if r.len() == 2 {
+            Ok(())
+        } else {
+            Err(format!("{} in the DLT", r.len()))
+        }
+    })
+    .await;
+    let failed_calls = receiver.calls().len();
+    assert_eq!(failed_calls, 8, "4 attempts each");
+    fixed.store(true, Ordering::SeqCst);
+    let replay = |token: &'static str| {
+        let req =
+            app.client.post(format!("{}/admin/dlt/transfers.settled-dlt/replay", app.admin_url)).bearer_auth(token);
+        app.send(req)
+    };
+    let res = replay(TOKEN).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(json_body(res).await["replayed"], 2);
+    wait_until("both events delivered", Deadline::DEFAULT, || async {
+        let ok: Vec<_> = receiver.calls().into_iter().filter(|c| c.status == 200).collect();
+        if ok.len() >= 2 {
+            Ok(())
+        } else {
+            Err(format!("{} delivered", ok.len()))
+        }
+    })
+    .await;
+    // Replaying again sends nothing more: the deliveries are recorded by event id.
+    let res = replay(TOKEN).await;
+    assert_eq!(json_body(res).await["replayed"], 2);
+    wait_until("the second replay is absorbed", Deadline::DEFAULT, || async {
+        let m = app.metrics().await;
+        let n = metric_value(&m, r#"tally_notification_deliveries_total{outcome="already_delivered"}"#).unwrap_or(0.0);
+        if n >= 2.0 {
+            Ok(())
+        } else {
+            Err(format!("{n} already delivered"))
+        }
+    })
+    .await;
+    let delivered: Vec<_> = receiver.calls().into_iter().filter(|c| c.status == 200).collect();
+    assert_eq!(delivered.len(), 2, "each event delivered exactly once");
+    let mut seen: Vec<String> = delivered.iter().map(|c| event_id(c).to_owned()).collect();
+    seen.sort();
+    ids.sort();
+    assert_eq!(seen, ids);
+    assert_eq!(env.db.count("notification_deliveries").await, 2);
+}
