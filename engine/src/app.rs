@@ -113,14 +113,14 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         running.push(shared.start_projection()?);
     }
     let antifraud = if config.pipelines.antifraud { Some(shared.start_antifraud()?) } else { None };
-    let stages: Vec<_> =
-        running.iter().map(Pipeline::control).chain(antifraud.iter().map(Antifraud::control)).collect();
     if config.pipelines.orders {
         running.push(shared.start_orders()?);
     }
     if config.pipelines.notifications {
         running.extend(shared.start_notifications()?);
     }
+    let stages: Vec<_> =
+        running.iter().map(Pipeline::control).chain(antifraud.iter().map(Antifraud::control)).collect();
 
     let wake = Arc::new(Notify::new());
     let (listener_stop, listener_rx) = watch::channel(false);

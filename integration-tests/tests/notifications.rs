@@ -285,6 +285,11 @@ async fn pause_stops_progress_and_lag_grows_then_resume_drains() {
     })
     .await;
     assert_eq!(ledger_status(&app).await["paused"], false);
+    let all = json_body(app.admin_get("/admin/pipelines").await).await;
+    let mut names: Vec<&str> =
+        all["pipelines"].as_array().expect("list").iter().filter_map(|p| p["name"].as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["antifraud", "ledger", "orders", "projection"], "every running stage is listed");
     let res = admin_post(&app, "/admin/pipelines/nope/pause", Some(TOKEN)).await;
     assert_eq!(res.status(), StatusCode::NOT_FOUND);
 }
