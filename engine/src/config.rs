@@ -223,7 +223,8 @@ pub struct ConsumerConfig {
     pub max_live_workers: usize,
     /// Keyed workers idle this long are passivated.
     pub idle_after_secs: u64,
-    /// Longest wait for in-flight records on revoke and shutdown.
+    /// Longest wait for in-flight records on revoke and shutdown. The default outlasts the
+    /// default retry budget (0.5 + 1 + 2 + 4 + 8 s), so a record in retry finishes first.
     pub drain_timeout_ms: u64,
 }
 
@@ -360,7 +361,7 @@ impl Default for PipelinesConfig {
 
 impl Default for ConsumerConfig {
     fn default() -> Self {
-        Self { max_in_flight: 512, max_live_workers: 20_000, idle_after_secs: 60, drain_timeout_ms: 10_000 }
+        Self { max_in_flight: 512, max_live_workers: 20_000, idle_after_secs: 60, drain_timeout_ms: 20_000 }
     }
 }
 

@@ -335,10 +335,7 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngin
                 }
             }
         }
-        let mut batch = gather(consumer, spec);
-        let revoked: Vec<(String, i32)> =
-            std::mem::take(&mut *consumer.context().revoked.lock().unwrap_or_else(PoisonError::into_inner));
-        batch.retain(|r| !revoked.iter().any(|(t, p)| *t == r.topic && *p == r.partition));
+        let batch = gather(consumer, spec);
         if batch.is_empty() {
             continue;
         }
@@ -379,7 +376,9 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngin
                     }
                     if stopping.load(Ordering::Relaxed) {
                         // Uncommitted: the batch is redelivered to whoever consumes next.
-                        break;
+                        // Return rather than gather again, so no later transaction commits
+                        // offsets past this batch.
+                        return;
                     }
                     // Broker trouble is nobody's record's fault: retry with capped backoff.
                     let wait = spec.retry.backoff(attempt.min(spec.retry.max_retries.max(1))).unwrap_or(spec.retry.max);
@@ -424,7 +423,16 @@ fn gather(consumer: &BaseConsumer<AntifraudContext>, spec: &AntifraudSpec) -> Ve
     let mut deadline: Option<Instant> = None;
     while batch.len() < spec.max_batch {
         let timeout = deadline.map_or(Duration::from_millis(100), |d| d.saturating_duration_since(Instant::now()));
-        match consumer.poll(timeout) {
+        let polled = consumer.poll(timeout);
+        // Rebalance callbacks ran inside that poll: records gathered earlier from a
+        // revoked partition are no longer ours to commit (the partition's owner reads them
+        // again from the committed offset, even when that owner is this consumer again).
+        // The record the poll returned comes after the rebalance and is kept.
+        let revoked = std::mem::take(&mut *consumer.context().revoked.lock().unwrap_or_else(PoisonError::into_inner));
+        if !revoked.is_empty() {
+            batch.retain(|r: &Record| !revoked.iter().any(|(t, p)| *t == r.topic && *p == r.partition));
+        }
+        match polled {
             Some(Ok(m)) => {
                 batch.push(Record::from_message(&m));
                 deadline.get_or_insert_with(|| Instant::now() + spec.max_batch_wait);

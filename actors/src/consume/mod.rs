@@ -299,9 +299,17 @@ impl ConsumerContext for DriverContext {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 self.shared.assign(tpl);
-                // A pipeline paused through the admin API stays paused across rebalances.
-                if self.shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused {
-                    let _ = consumer.pause(tpl);
+                // librdkafka keeps an application pause across re-assignment: a partition
+                // held (backpressure, a not-yet-due record) when it was revoked would stay
+                // paused. New slots start unheld, so resume them, unless the pipeline is
+                // paused through the admin API, which lasts across rebalances.
+                let result = if self.shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused {
+                    consumer.pause(tpl)
+                } else {
+                    consumer.resume(tpl)
+                };
+                if let Err(e) = result {
+                    warn!(pipeline = %self.shared.spec.name, error = %e, "Cannot set the pause state of new partitions.");
                 }
             }
             Rebalance::Error(e) => error!(pipeline = %self.shared.spec.name, error = %e, "Rebalance error."),

@@ -57,6 +57,12 @@ impl OffsetTracker {
         self.pending.len()
     }
 
+    /// Records completed but held above the watermark by an unfinished earlier one.
+    #[must_use]
+    pub fn completed_ahead(&self) -> usize {
+        self.pending.values().filter(|started| started.is_none()).count()
+    }
+
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()

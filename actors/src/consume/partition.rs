@@ -43,6 +43,12 @@ pub struct PartitionConsumer {
     intake_handle: Option<SpawnHandle>,
     drain_waiters: Vec<std::sync::mpsc::Sender<()>>,
     draining: bool,
+    /// Key of every record handed to a worker and not finished, so that a released
+    /// partition checks them back in (its pending completions die with it).
+    dispatched: std::collections::HashMap<i64, String>,
+    /// Records left unfinished because the pipeline is stopping: their offsets stay
+    /// uncommitted, and a drain does not wait for them.
+    abandoned: usize,
 }
 
 impl PartitionConsumer {
@@ -65,6 +71,8 @@ impl PartitionConsumer {
             intake_handle: None,
             drain_waiters: Vec::new(),
             draining: false,
+            dispatched: std::collections::HashMap::new(),
+            abandoned: 0,
         }
     }
 
@@ -78,15 +86,23 @@ impl PartitionConsumer {
         let key = record.routing_key().to_owned();
         let worker = self.registry().checkout(&key);
         let offset = record.offset;
+        self.dispatched.insert(offset, key.clone());
         let fut = worker.send(Process(Arc::clone(&record))).into_actor(self).map(move |result, act, ctx| {
             act.registry().checkin(&key);
+            act.dispatched.remove(&offset);
             match result {
                 Ok(Ok(Completion::Handled(_) | Completion::DeadLettered)) => {
                     drop(permit);
                     act.complete(offset);
                 }
                 // The pipeline is stopping: leave the record unfinished (uncommitted).
-                Ok(Err(_stopping)) => drop(permit),
+                Ok(Err(_stopping)) => {
+                    drop(permit);
+                    act.abandoned += 1;
+                    if act.draining && act.drained() {
+                        act.finish_drain();
+                    }
+                }
                 // The worker died: start a new one and retry the record in hand.
                 Err(_mailbox) => {
                     act.registry().forget(&key);
@@ -103,9 +119,14 @@ impl PartitionConsumer {
         }
         // The oldest-age scan is linear in the records in flight: it runs on the timer.
         self.shared.in_flight.store(self.tracker.in_flight(), Ordering::Relaxed);
-        if self.draining && self.tracker.is_empty() {
+        if self.draining && self.drained() {
             self.finish_drain();
         }
+    }
+
+    /// Nothing left to wait for: every record received finished or was abandoned.
+    fn drained(&self) -> bool {
+        self.tracker.in_flight() - self.tracker.completed_ahead() <= self.abandoned
     }
 
     fn publish_state(&self) {
@@ -166,7 +187,7 @@ impl Handler<Drain> for PartitionConsumer {
             ctx.cancel_future(handle);
         }
         self.drain_waiters.push(msg.done);
-        if self.tracker.is_empty() {
+        if self.drained() {
             self.finish_drain();
         }
     }
@@ -181,7 +202,15 @@ impl Handler<Release> for PartitionConsumer {
     type Result = ();
 
     fn handle(&mut self, _: Release, ctx: &mut Self::Context) {
-        debug!(topic = %self.topic, partition = self.partition, "Partition consumer released.");
+        // Completions still pending die with this actor: give their keys back, so that
+        // their workers can be passivated.
+        let keys: Vec<String> = self.dispatched.drain().map(|(_, key)| key).collect();
+        let mut registry = self.registry();
+        for key in &keys {
+            registry.checkin(key);
+        }
+        drop(registry);
+        debug!(topic = %self.topic, partition = self.partition, unfinished = keys.len(), "Partition consumer released.");
         ctx.stop();
     }
 }
