@@ -410,6 +410,17 @@ impl TestApp {
     ///
     /// # Panics
     /// When the endpoint does not answer 200.
+    /// POSTs `body` verbatim with `content_type` to the intake listener.
+    pub async fn post_raw(&self, path: &str, content_type: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.send(
+            self.client
+                .post(format!("{}{path}", self.intake_url))
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(body),
+        )
+        .await
+    }
+
     pub async fn metrics(&self) -> String {
         let res = self.admin_get("/metrics").await;
         assert_eq!(res.status(), 200, "GET /metrics");
@@ -884,4 +895,21 @@ pub async fn wait_committed_past(bootstrap: &str, group: &str, topic: &str, part
         }
     })
     .await;
+}
+
+/// Asserts an error response: `status`, a JSON content type, and exactly the body
+/// `{"error":{"code": code, "message": <non-empty>}}`.
+///
+/// # Panics
+/// When the response is not that error.
+pub async fn assert_error(res: reqwest::Response, status: reqwest::StatusCode, code: &str, case: &str) {
+    assert_eq!(res.status(), status, "{case}: status");
+    let content_type =
+        res.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    assert!(content_type.starts_with("application/json"), "{case}: content type {content_type:?}");
+    let body = json_body(res).await;
+    assert_eq!(body["error"]["code"], code, "{case}: error code in {body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(!message.is_empty(), "{case}: error message in {body}");
+    assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{case}: only `error` at the top level of {body}");
 }

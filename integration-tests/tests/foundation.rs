@@ -8,11 +8,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use reqwest::header::CONTENT_TYPE;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_integration_tests::{
-    json_body, metric_value, spawn_app, wait_for_records, wait_until, Deadline, KafkaRecord, TestApp, TestDb, TestEnv,
+    assert_error, json_body, metric_value, spawn_app, wait_for_records, wait_until, Deadline, KafkaRecord, TestApp,
+    TestDb, TestEnv,
 };
 
 const TOPIC: &str = "transfers.requested";
@@ -27,24 +27,6 @@ async fn create_transfer(app: &TestApp, source: &str, destination: &str, amount:
     let res = app.post_json("/transfers", &transfer(source, destination, amount)).await;
     assert_eq!(res.status(), StatusCode::CREATED, "POST /transfers");
     json_body(res).await
-}
-
-/// POSTs `body` verbatim with `content_type`.
-async fn post_raw(app: &TestApp, path: &str, content_type: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
-    app.send(app.client.post(format!("{}{path}", app.intake_url)).header(CONTENT_TYPE, content_type).body(body)).await
-}
-
-/// Asserts an error response: `status`, a JSON content type, and the body
-/// `{"error":{"code": code, "message": <non-empty>}}`.
-async fn assert_error(res: reqwest::Response, status: StatusCode, code: &str, case: &str) {
-    assert_eq!(res.status(), status, "{case}: status");
-    let content_type = res.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    assert!(content_type.starts_with("application/json"), "{case}: content type {content_type:?}");
-    let body = json_body(res).await;
-    assert_eq!(body["error"]["code"], code, "{case}: error code in {body}");
-    let message = body["error"]["message"].as_str().unwrap_or("");
-    assert!(!message.is_empty(), "{case}: error message in {body}");
-    assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{case}: only `error` at the top level of {body}");
 }
 
 async fn assert_no_transfer_rows(db: &TestDb, case: &str) {
@@ -234,7 +216,7 @@ async fn bad_transfer_requests_get_json_errors_and_write_nothing() {
         ("amount as a string", format!(r#"{{{valid},"amountCents":"100"}}"#), StatusCode::BAD_REQUEST, "invalid_body"),
     ];
     for (case, body, status, code) in cases {
-        let res = post_raw(&app, "/transfers", json, body).await;
+        let res = app.post_raw("/transfers", json, body).await;
         assert_error(res, status, code, case).await;
     }
 
@@ -260,13 +242,13 @@ async fn bad_transfer_requests_get_json_errors_and_write_nothing() {
     }
 
     let body = transfer("acc-a", "acc-b", 1).to_string();
-    let res = post_raw(&app, "/transfers", "text/plain", body).await;
+    let res = app.post_raw("/transfers", "text/plain", body).await;
     assert_error(res, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "text/plain body").await;
 
     let limit = app.config.http.body_limit_bytes;
     let oversized = transfer(&"a".repeat(limit + 1024), "acc-b", 1).to_string();
     assert!(oversized.len() > limit);
-    let res = post_raw(&app, "/transfers", json, oversized).await;
+    let res = app.post_raw("/transfers", json, oversized).await;
     assert_error(res, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "body over http.body_limit_bytes").await;
 
     let res = app.get("/transfers/not-a-uuid").await;
@@ -275,7 +257,7 @@ async fn bad_transfer_requests_get_json_errors_and_write_nothing() {
     assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown transfer").await;
     let res = app.get("/no-such-route").await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown route").await;
-    let res = post_raw(&app, "/transfers/extra", json, transfer("acc-a", "acc-b", 1).to_string()).await;
+    let res = app.post_raw("/transfers/extra", json, transfer("acc-a", "acc-b", 1).to_string()).await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown route under /transfers").await;
 
     assert_no_transfer_rows(&env.db, "after every bad request").await;
@@ -344,7 +326,7 @@ async fn accounts_are_validated_unique_and_readable() {
         assert_error(res, status, code, case).await;
     }
     let res =
-        post_raw(&app, "/accounts", "text/plain", r#"{"id":"acc-2","currency":"BRL","initialBalanceCents":1}"#).await;
+        app.post_raw("/accounts", "text/plain", r#"{"id":"acc-2","currency":"BRL","initialBalanceCents":1}"#).await;
     assert_error(res, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "text/plain account").await;
     assert_eq!(env.db.count("accounts").await, 1, "only the first account was written");
 

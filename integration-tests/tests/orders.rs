@@ -9,15 +9,14 @@
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use rdkafka::producer::FutureProducer;
-use reqwest::header::CONTENT_TYPE;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_actors::orders::{materialize, Materialized};
 use tally_engine::config::RetryConfig;
 use tally_engine::Config;
 use tally_integration_tests::{
-    self as harness, json_body, metric_value, producer, read_topic, spawn_app, wait_for_records, wait_until, Deadline,
-    TestApp, TestDb, TestEnv,
+    self as harness, assert_error, json_body, metric_value, producer, read_topic, spawn_app, wait_for_records,
+    wait_until, Deadline, TestDb, TestEnv,
 };
 use tally_schema::events::OrderReceived;
 use uuid::Uuid;
@@ -108,21 +107,6 @@ fn quick_retry(c: &mut Config, max_retries: u32) {
 
 fn order(reference: &str, amount: i64) -> Value {
     json!({ "externalReference": reference, "customerId": "CUST-9", "amountCents": amount, "currency": "BRL" })
-}
-
-async fn post_raw(app: &TestApp, path: &str, content_type: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
-    app.send(app.client.post(format!("{}{path}", app.intake_url)).header(CONTENT_TYPE, content_type).body(body)).await
-}
-
-/// Asserts an error response: `status`, a JSON content type, and the body
-/// `{"error":{"code": code, "message": <non-empty>}}`.
-async fn assert_error(res: reqwest::Response, status: StatusCode, code: &str, case: &str) {
-    assert_eq!(res.status(), status, "{case}: status");
-    let content_type = res.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    assert!(content_type.starts_with("application/json"), "{case}: content type {content_type:?}");
-    let body = json_body(res).await;
-    assert_eq!(body["error"]["code"], code, "{case}: error code in {body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{case}: error message in {body}");
 }
 
 async fn assert_counts(db: &TestDb, orders: i64, outbox: i64, case: &str) {
@@ -550,7 +534,7 @@ async fn bad_order_requests_get_json_errors_and_write_nothing() {
         ),
     ];
     for (case, body, status, code) in cases {
-        let res = post_raw(&app, "/orders", json, body).await;
+        let res = app.post_raw("/orders", json, body).await;
         assert_error(res, status, code, case).await;
     }
     let long_ref = "r".repeat(129);
@@ -594,11 +578,11 @@ async fn bad_order_requests_get_json_errors_and_write_nothing() {
     assert_counts(&env.db, 1, 1, "after the edge case").await;
     env.db.batch("DELETE FROM outbox_events; DELETE FROM orders").await;
 
-    let res = post_raw(&app, "/orders", "text/plain", order("R", 1).to_string()).await;
+    let res = app.post_raw("/orders", "text/plain", order("R", 1).to_string()).await;
     assert_error(res, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "text/plain body").await;
     let limit = app.config.http.body_limit_bytes;
     let oversized = order(&"a".repeat(limit + 1024), 1).to_string();
-    let res = post_raw(&app, "/orders", json, oversized).await;
+    let res = app.post_raw("/orders", json, oversized).await;
     assert_error(res, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "body over http.body_limit_bytes").await;
 
     let res = app.get("/orders/not-a-uuid").await;
