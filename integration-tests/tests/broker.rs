@@ -11,18 +11,30 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use tally_integration_tests::{produce, producer, tally_binary};
 
+/// Kills the broker process however the test ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standalone_broker_serves_a_fixed_port_with_every_topic() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
     let listen = format!("127.0.0.1:{port}");
-    let mut child = Command::new(tally_binary())
-        .args(["broker", "--listen", &listen])
-        .env("TALLY__LOG__LEVEL", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start tally broker");
-    let stdout = child.stdout.take().expect("stdout");
+    let mut child = KillOnDrop(
+        Command::new(tally_binary())
+            .args(["broker", "--listen", &listen])
+            .env("TALLY__LOG__LEVEL", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tally broker"),
+    );
+    let stdout = child.0.stdout.take().expect("stdout");
     let first = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).map(|_| line)
@@ -54,8 +66,7 @@ async fn the_standalone_broker_serves_a_fixed_port_with_every_topic() {
     })
     .await
     .expect("consumer task");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let (topics, payload) = payload;
     assert_eq!(payload.as_deref(), Some(b"hello".as_slice()));
     for topic in ["transfers.requested", "transfers.requested-dlt", "orders.received", "transfers.settled-retry-1000"] {
