@@ -856,6 +856,20 @@ pub async fn produce(
         .expect("produce")
 }
 
+/// Produces `payload` keyed by `key` to `topic` as an upstream stage would: with a fresh
+/// `event-id` and `event-type` headers; returns its (partition, offset).
+pub async fn produce_event(
+    producer: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    partition: Option<i32>,
+    key: &str,
+    payload: &[u8],
+    event_type: &str,
+) -> (i32, i64) {
+    let event_id = uuid::Uuid::new_v4().to_string();
+    produce(producer, topic, partition, key, payload, &[("event-id", &event_id), ("event-type", event_type)]).await
+}
+
 /// The committed offset (the next one to read) of `group` on `topic`/`partition`, or -1.
 /// Reads without joining the group.
 ///

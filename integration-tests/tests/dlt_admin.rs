@@ -36,16 +36,7 @@ async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
 
 /// Produces to `transfers.analyzed` as an upstream stage would (event-id, event-type).
 async fn produce_analyzed(producer: &FutureProducer, key: &str, payload: &[u8]) -> (i32, i64) {
-    let event_id = Uuid::new_v4().to_string();
-    harness::produce(
-        producer,
-        ANALYZED,
-        None,
-        key,
-        payload,
-        &[("event-id", &event_id), ("event-type", "TransferAnalyzed")],
-    )
-    .await
+    harness::produce_event(producer, ANALYZED, None, key, payload, "TransferAnalyzed").await
 }
 
 async fn accounts(db: &TestDb, rows: &[(&str, i64)]) {

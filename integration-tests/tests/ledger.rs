@@ -34,16 +34,7 @@ fn analyzed(transfer_id: Uuid, from: &str, to: &str, amount: i64, currency: &str
 
 /// Produces `payload` keyed by `key` to `transfers.analyzed` as antifraud would.
 async fn produce_raw(producer: &FutureProducer, key: &str, payload: &[u8]) -> (i32, i64) {
-    let event_id = Uuid::new_v4().to_string();
-    harness::produce(
-        producer,
-        ANALYZED,
-        None,
-        key,
-        payload,
-        &[("event-id", &event_id), ("event-type", "TransferAnalyzed")],
-    )
-    .await
+    harness::produce_event(producer, ANALYZED, None, key, payload, "TransferAnalyzed").await
 }
 
 async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {

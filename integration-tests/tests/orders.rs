@@ -44,16 +44,7 @@ fn order_id(event: &Value) -> Uuid {
 
 /// Produces `payload` keyed by `key` to `orders.received`, on `partition` when given.
 async fn produce_raw(producer: &FutureProducer, key: &str, payload: &[u8], partition: Option<i32>) -> (i32, i64) {
-    let event_id = Uuid::new_v4().to_string();
-    harness::produce(
-        producer,
-        RECEIVED,
-        partition,
-        key,
-        payload,
-        &[("event-id", &event_id), ("event-type", "OrderReceived")],
-    )
-    .await
+    harness::produce_event(producer, RECEIVED, partition, key, payload, "OrderReceived").await
 }
 
 /// The orders group's committed offset of `partition` (-1 when nothing is committed).

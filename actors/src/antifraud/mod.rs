@@ -38,7 +38,8 @@ use tracing::{info, warn};
 pub use risk::{RiskEngine, RiskRules, RulesRiskEngine};
 
 use crate::consume::{
-    publish_lag, record_stats, Control, PartitionStatus, PipelineControl, PipelineStatus, Record, StatsView,
+    publish_lag, record_stats, Control, DriverThread, PartitionStatus, PipelineControl, PipelineStatus, Record,
+    StatsView,
 };
 use crate::metrics::Metrics;
 use crate::supervise::{dlt_headers, RetryPolicy};
@@ -185,9 +186,7 @@ impl ConsumerContext for AntifraudContext {
 /// The running antifraud stage.
 pub struct Antifraud {
     handle: PipelineControl,
-    control: std::sync::mpsc::Sender<Control>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    stopping: Arc<AtomicBool>,
+    driver: DriverThread,
 }
 
 impl Antifraud {
@@ -228,27 +227,23 @@ impl Antifraud {
         let consumer: BaseConsumer<AntifraudContext> = consumer_config.create_with_context(context)?;
         consumer.subscribe(&[&spec.input])?;
         let producer = new_producer(&spec)?;
-        let (control, control_rx) = std::sync::mpsc::channel();
         let stopping = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stopping);
         let loop_status = Arc::clone(&status);
-        let thread = std::thread::Builder::new()
-            .name("tally-antifraud".into())
-            .spawn(move || {
-                let io = LoopIo {
-                    consumer: &consumer,
-                    spec: &spec,
-                    metrics: &metrics,
-                    control: &control_rx,
-                    stopping: &stop_flag,
-                    status: &loop_status,
-                };
-                drive(&io, producer, risk);
-            })
-            .map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
+        let driver = DriverThread::spawn("tally-antifraud".into(), stopping, move |control_rx| {
+            let io = LoopIo {
+                consumer: &consumer,
+                spec: &spec,
+                metrics: &metrics,
+                control: &control_rx,
+                stopping: &stop_flag,
+                status: &loop_status,
+            };
+            drive(&io, producer, risk);
+        })?;
         info!(pipeline = PIPELINE, "Antifraud stage started.");
-        let handle = PipelineControl::new(control.clone(), status);
-        Ok(Self { handle, control, thread: Some(thread), stopping })
+        let handle = PipelineControl::new(driver.control(), status);
+        Ok(Self { handle, driver })
     }
 
     /// A handle to pause, resume and observe this stage.
@@ -258,15 +253,8 @@ impl Antifraud {
     }
 
     /// Finishes the transaction in hand, then leaves the group.
-    pub async fn stop(mut self) {
-        self.stopping.store(true, Ordering::Relaxed);
-        let (done, wait) = std::sync::mpsc::channel();
-        if self.control.send(Control::Stop(done)).is_ok() {
-            let _ = tokio::task::spawn_blocking(move || wait.recv()).await;
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-        }
+    pub async fn stop(self) {
+        self.driver.stop().await;
         info!(pipeline = PIPELINE, "Antifraud stage stopped.");
     }
 }

@@ -336,9 +336,49 @@ pub(crate) enum Control {
 pub struct Pipeline {
     name: String,
     handle: PipelineControl,
+    driver: DriverThread,
+}
+
+/// A stage's driver thread with its control channel: spawned with a body that serves the
+/// channel, stopped in order (stop flag, `Stop` command, wait for it, join).
+pub(crate) struct DriverThread {
     control: std::sync::mpsc::Sender<Control>,
     thread: Option<std::thread::JoinHandle<()>>,
     stopping: Arc<AtomicBool>,
+}
+
+impl DriverThread {
+    /// Spawns `body` on a thread named `name`, handing it the receiving end of the
+    /// control channel.
+    pub(crate) fn spawn(
+        name: String,
+        stopping: Arc<AtomicBool>,
+        body: impl FnOnce(std::sync::mpsc::Receiver<Control>) + Send + 'static,
+    ) -> KafkaResult<Self> {
+        let (control, control_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || body(control_rx))
+            .map_err(|e| rdkafka::error::KafkaError::ClientCreation(e.to_string()))?;
+        Ok(Self { control, thread: Some(thread), stopping })
+    }
+
+    /// A sender of commands to the thread.
+    pub(crate) fn control(&self) -> std::sync::mpsc::Sender<Control> {
+        self.control.clone()
+    }
+
+    /// Raises the stop flag, sends `Stop`, waits until it was served, joins the thread.
+    pub(crate) async fn stop(mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        let (done, wait) = std::sync::mpsc::channel();
+        if self.control.send(Control::Stop(done)).is_ok() {
+            let _ = tokio::task::spawn_blocking(move || wait.recv()).await;
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
 }
 
 impl Pipeline {
@@ -384,15 +424,13 @@ impl Pipeline {
             spec.consumer_config().create_with_context(DriverContext { shared: Arc::clone(&shared) })?;
         let topics: Vec<&str> = spec.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
-        let (control, control_rx) = std::sync::mpsc::channel();
         let name = spec.name.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("tally-{name}"))
-            .spawn(move || drive(&consumer, &shared, &control_rx))
-            .map_err(|e| rdkafka::error::KafkaError::ClientCreation(e.to_string()))?;
+        let driver = DriverThread::spawn(format!("tally-{name}"), stopping, move |control_rx| {
+            drive(&consumer, &shared, &control_rx);
+        })?;
         info!(pipeline = %name, group = %spec.group_id, topics = ?spec.topics, "Pipeline started.");
-        let handle = PipelineControl { control: control.clone(), status };
-        Ok(Self { name, handle, control, thread: Some(thread), stopping })
+        let handle = PipelineControl { control: driver.control(), status };
+        Ok(Self { name, handle, driver })
     }
 
     /// A handle to pause, resume and observe this pipeline.
@@ -407,15 +445,8 @@ impl Pipeline {
     }
 
     /// Stops fetching, drains in-flight work (bounded), commits, and leaves the group.
-    pub async fn stop(mut self) {
-        self.stopping.store(true, Ordering::Relaxed);
-        let (done, wait) = std::sync::mpsc::channel();
-        if self.control.send(Control::Stop(done)).is_ok() {
-            let _ = tokio::task::spawn_blocking(move || wait.recv()).await;
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-        }
+    pub async fn stop(self) {
+        self.driver.stop().await;
         info!(pipeline = %self.name, "Pipeline stopped.");
     }
 }

@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use super::{account, connect as db, fresh_database, peak_rss_mib, quantile, write_report, Progress};
+use super::{account, connect as db, fresh_database, peak_rss_mib, quantile, wait_for_zero, write_report, Progress};
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, Secret};
 
@@ -124,20 +124,7 @@ async fn warm_up(client: &reqwest::Client, intake: &str, url: &str) -> anyhow::R
 /// Waits until no transfer is PENDING.
 async fn wait_final(url: &str, limit: Duration) -> anyhow::Result<()> {
     let client = db(url).await?;
-    let started = Instant::now();
-    let mut progress = Progress::new(Duration::from_secs(2));
-    loop {
-        let pending: i64 =
-            client.query_one("SELECT count(*) FROM transfers WHERE status = 'PENDING'", &[]).await?.get(0);
-        if pending == 0 {
-            return Ok(());
-        }
-        progress.tick(|| format!("waiting for {pending} transfers to reach a final status"));
-        if started.elapsed() > limit {
-            bail!("{pending} transfers still PENDING after {limit:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_zero(&client, "SELECT count(*) FROM transfers WHERE status = 'PENDING'", "PENDING transfers", limit).await
 }
 
 /// Forgets finished transfers between phases (the measurements read `transfers`).

@@ -113,6 +113,32 @@ pub async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     Ok(client)
 }
 
+/// Polls `count_sql` (a `SELECT count(*)`) every 100 ms until it returns 0, with a
+/// progress line naming `what`.
+///
+/// # Errors
+/// When the query fails, or the count is not 0 after `limit`.
+pub async fn wait_for_zero(
+    client: &tokio_postgres::Client,
+    count_sql: &str,
+    what: &str,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut progress = Progress::new(Duration::from_secs(2));
+    loop {
+        let left: i64 = client.query_one(count_sql, &[]).await?.get(0);
+        if left == 0 {
+            return Ok(());
+        }
+        progress.tick(|| format!("waiting for {left} {what}"));
+        if started.elapsed() > limit {
+            anyhow::bail!("{left} {what} left after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The id of bench account `i` (see [`fresh_database`]).
 #[must_use]
 pub fn account(i: usize) -> String {

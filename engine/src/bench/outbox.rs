@@ -17,7 +17,7 @@ use anyhow::bail;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{account, connect as db, fresh_database, quantile, write_report, Progress};
+use super::{account, connect as db, fresh_database, quantile, wait_for_zero, write_report};
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, Secret};
 
@@ -100,20 +100,9 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
 }
 
 async fn wait_drained(client: &tokio_postgres::Client, label: &str) -> anyhow::Result<()> {
-    let started = Instant::now();
-    let mut progress = Progress::new(Duration::from_secs(2));
-    loop {
-        let pending: i64 =
-            client.query_one("SELECT count(*) FROM outbox_events WHERE published_at IS NULL", &[]).await?.get(0);
-        if pending == 0 {
-            return Ok(());
-        }
-        progress.tick(|| format!("{label}: {pending} rows pending"));
-        if started.elapsed() > Duration::from_secs(1_800) {
-            bail!("{label}: {pending} rows still pending");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = format!("pending outbox rows ({label})");
+    let sql = "SELECT count(*) FROM outbox_events WHERE published_at IS NULL";
+    wait_for_zero(client, sql, &what, Duration::from_secs(1_800)).await
 }
 
 fn run_mode(
