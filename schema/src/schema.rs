@@ -13,6 +13,43 @@ diesel::table! {
 }
 
 diesel::table! {
+    antifraud_decisions (transfer_id) {
+        transfer_id -> Uuid,
+        #[max_length = 32]
+        source_account -> Varchar,
+        #[max_length = 20]
+        outcome -> Varchar,
+        score -> Int4,
+        reason -> Nullable<Text>,
+        requested_at -> Timestamptz,
+        decided_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    dead_letters (id) {
+        id -> Int8,
+        #[max_length = 255]
+        original_topic -> Varchar,
+        original_partition -> Int4,
+        original_offset -> Int8,
+        original_timestamp -> Nullable<Int8>,
+        #[max_length = 255]
+        consumer_group -> Varchar,
+        #[max_length = 20]
+        exception_kind -> Varchar,
+        exception_message -> Text,
+        attempts -> Int4,
+        record_key -> Nullable<Bytea>,
+        payload -> Nullable<Bytea>,
+        headers -> Jsonb,
+        dlt_error -> Text,
+        created_at -> Timestamptz,
+        replayed_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
     notification_deliveries (event_id) {
         event_id -> Uuid,
         #[max_length = 255]
@@ -120,6 +157,8 @@ diesel::joinable!(postings -> accounts (account_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     accounts,
+    antifraud_decisions,
+    dead_letters,
     notification_deliveries,
     orders,
     outbox_events,

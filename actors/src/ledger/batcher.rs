@@ -6,6 +6,7 @@
 //! bad transfer cannot sink the others; connection-level failures fail the whole batch at
 //! once (every transfer is retried by its own account's policy).
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -16,11 +17,28 @@ use tokio::sync::oneshot;
 use super::settle::{settle_batch, settle_one_seed_style, LedgerTopics, SettleOutcome, SettleRequest};
 use crate::db::PgPool;
 use crate::metrics::Metrics;
+use crate::supervise::{Classify, ErrorClass};
 
-/// Why a transfer was not settled; always transient (the record is retried).
+/// Why a transfer was not settled, classified by cause (see [`Classify`]): the record's
+/// policy retries it, waits for the database, or dead-letters it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("settlement failed: {0}")]
-pub struct SettleError(pub String);
+#[error("settlement failed: {message}")]
+pub struct SettleError {
+    pub class: ErrorClass,
+    pub message: String,
+}
+
+impl SettleError {
+    fn of<E: Classify + std::fmt::Display>(context: &str, e: &E) -> Self {
+        Self { class: e.class(), message: format!("{context}: {e}") }
+    }
+}
+
+impl Classify for SettleError {
+    fn class(&self) -> ErrorClass {
+        self.class
+    }
+}
 
 /// How transfers are settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,10 +139,19 @@ impl Handler<Settle> for SettlementBatcher {
                 act.flush(ctx);
             });
         }
-        Box::pin(async move { rx.await.unwrap_or_else(|_| Err(SettleError("settlement batcher stopped".into()))) })
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(SettleError { class: ErrorClass::Transient, message: "settlement batcher stopped".into() })
+            })
+        })
     }
 }
 
+/// Settles `requests`, splitting a failing batch in halves down to single transfers, so
+/// that a poison transfer is isolated and the others settle. A database that is down fails
+/// every transfer at once (each waits for it under its own policy). A panic, which is a
+/// bug, fails the transfers of that batch as transient instead of taking the batcher down
+/// with every account that depends on it.
 fn settle_with_split(
     pool: PgPool,
     topics: LedgerTopics,
@@ -132,22 +159,37 @@ fn settle_with_split(
     requests: Vec<SettleRequest>,
 ) -> BoxFuture<'static, Vec<Result<SettleOutcome, SettleError>>> {
     async move {
-        let fail_all = |msg: String, n: usize| vec![Err(SettleError(msg)); n];
+        let fail_all = |e: SettleError, n: usize| vec![Err(e); n];
         let mut conn = match pool.get().await {
             Ok(c) => c,
-            Err(e) => return fail_all(format!("no database connection: {e}"), requests.len()),
+            Err(e) => return fail_all(SettleError::of("no database connection", &e), requests.len()),
         };
-        let result = match mode {
-            SettlementMode::Batched => settle_batch(&mut conn, &topics, &requests).await,
-            SettlementMode::Seed => match requests.first() {
-                Some(req) => settle_one_seed_style(&mut conn, &topics, req).await.map(|o| vec![o]),
-                None => Ok(Vec::new()),
-            },
+        let attempt = AssertUnwindSafe(async {
+            match mode {
+                SettlementMode::Batched => settle_batch(&mut conn, &topics, &requests).await,
+                SettlementMode::Seed => match requests.first() {
+                    Some(req) => settle_one_seed_style(&mut conn, &topics, req).await.map(|o| vec![o]),
+                    None => Ok(Vec::new()),
+                },
+            }
+        })
+        .catch_unwind()
+        .await;
+        let result = match attempt {
+            Ok(result) => result,
+            Err(_) => {
+                // The connection may hold an open transaction: never give it back.
+                let _ = deadpool::managed::Object::take(conn);
+                let e = SettleError { class: ErrorClass::Transient, message: "settlement panicked (a bug)".into() };
+                return fail_all(e, requests.len());
+            }
         };
         drop(conn);
         match result {
             Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-            Err(e) if requests.len() == 1 || connection_level(&e) => fail_all(e.to_string(), requests.len()),
+            Err(e) if requests.len() == 1 || e.class() == ErrorClass::Unavailable => {
+                fail_all(SettleError::of("database error", &e), requests.len())
+            }
             Err(_) => {
                 let mut left = requests;
                 let right = left.split_off(left.len() / 2);
@@ -158,13 +200,4 @@ fn settle_with_split(
         }
     }
     .boxed()
-}
-
-fn connection_level(e: &diesel::result::Error) -> bool {
-    use diesel::result::{DatabaseErrorKind, Error};
-    matches!(
-        e,
-        Error::DatabaseError(DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand, _)
-            | Error::BrokenTransactionManager
-    )
 }

@@ -164,12 +164,12 @@ impl RecordHandler for Notifier {
 }
 
 async fn delivered(pool: &PgPool, event_id: Uuid) -> Result<bool, HandlerError> {
-    let mut conn = pool.get().await.map_err(|e| HandlerError::transient(format!("no database connection: {e}")))?;
+    let mut conn = pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
     let found: Vec<Found> = diesel::sql_query("SELECT 1 AS one FROM notification_deliveries WHERE event_id = $1")
         .bind::<SqlUuid, _>(event_id)
         .load(&mut conn)
         .await
-        .map_err(|e| HandlerError::transient(format!("database error: {e}")))?;
+        .map_err(|e| HandlerError::classified("database error", &e))?;
     Ok(!found.is_empty())
 }
 
@@ -181,7 +181,7 @@ async fn remember(
     attempt: u32,
     status: u16,
 ) -> Result<(), HandlerError> {
-    let mut conn = pool.get().await.map_err(|e| HandlerError::transient(format!("no database connection: {e}")))?;
+    let mut conn = pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
     diesel::sql_query(
         "INSERT INTO notification_deliveries (event_id, topic, transfer_id, attempts, response_status) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
@@ -193,7 +193,7 @@ async fn remember(
     .bind::<Integer, _>(i32::from(status))
     .execute(&mut conn)
     .await
-    .map_err(|e| HandlerError::transient(format!("database error: {e}")))?;
+    .map_err(|e| HandlerError::classified("database error", &e))?;
     Ok(())
 }
 

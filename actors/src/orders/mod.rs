@@ -69,12 +69,11 @@ impl RecordHandler for OrderMaterializer {
         let pool = self.pool.clone();
         async move {
             let order = decode_order_received(&record)?;
-            let mut conn =
-                pool.get().await.map_err(|e| HandlerError::transient(format!("database unavailable: {e}")))?;
+            let mut conn = pool.get().await.map_err(|e| HandlerError::classified("database unavailable", &e))?;
             materialize(&mut conn, &order)
                 .await
                 .map(Materialized::label)
-                .map_err(|e| HandlerError::transient(format!("cannot materialize order {}: {e}", order.order_id)))
+                .map_err(|e| HandlerError::classified(&format!("cannot materialize order {}", order.order_id), &e))
         }
         .boxed()
     }

@@ -48,7 +48,7 @@ pub fn decode(record: &Record, settled_topic: &str) -> Result<StatusChange, Hand
 /// # Errors
 /// Any database error.
 pub async fn apply(pool: &PgPool, change: &StatusChange) -> Result<bool, HandlerError> {
-    let mut conn = pool.get().await.map_err(|e| HandlerError::transient(format!("no database connection: {e}")))?;
+    let mut conn = pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
     let moved = diesel::sql_query(
         "UPDATE transfers SET status = $2, rejection_reason = $3, updated_at = now() \
          WHERE id = $1 AND status = 'PENDING'",
@@ -58,7 +58,7 @@ pub async fn apply(pool: &PgPool, change: &StatusChange) -> Result<bool, Handler
     .bind::<Nullable<Text>, _>(change.reason.as_deref())
     .execute(&mut conn)
     .await
-    .map_err(|e| HandlerError::transient(format!("database error: {e}")))?;
+    .map_err(|e| HandlerError::classified("database error", &e))?;
     Ok(moved == 1)
 }
 

@@ -4,6 +4,7 @@
 //! record is retried and finally dead-lettered instead of lost.
 
 mod dlt;
+mod fallback;
 mod policy;
 
 use std::panic::AssertUnwindSafe;
@@ -15,7 +16,8 @@ use futures_util::FutureExt;
 use tracing::warn;
 
 pub use dlt::{dlt_headers, DeadLetters, Stopping};
-pub use policy::{Classify, ErrorClass, HandlerError, RetryPolicy};
+pub use fallback::{headers_json, store_dead_letter, DeadLetterRow};
+pub use policy::{classify_server_message, Classify, ErrorClass, HandlerError, RetryPolicy};
 
 use crate::consume::Record;
 use crate::metrics::Metrics;

@@ -1,6 +1,8 @@
-//! The error policy shared by every pipeline (DESIGN.md §5.3): every handler error is
-//! transient (retry with exponential backoff, then dead-letter as `exhausted`) or poison
-//! (dead-letter at once). Business results are not errors.
+//! The error policy shared by every pipeline: every handler error is classified by its
+//! cause. Transient errors are retried with exponential backoff for their key, then
+//! dead-lettered as `exhausted`; poison is dead-lettered at once; a dependency that is
+//! down (database or broker unreachable) is nobody's record's fault: the pipeline waits
+//! for it without spending any record's retry budget. Business results are not errors.
 
 use std::time::Duration;
 
@@ -10,8 +12,12 @@ pub enum ErrorClass {
     /// May succeed later: database or broker unavailable, timeout, serialization failure,
     /// deadlock. Retried for that key only.
     Transient,
-    /// Will never succeed: undecodable payload, missing or invalid field.
+    /// Will never succeed: undecodable payload, missing or invalid field, a deterministic
+    /// database error (data exception, integrity violation).
     Poison,
+    /// The dependency itself is down (connection refused or lost, pool timeout, broker
+    /// unreachable). Not the record's fault: waited out, never dead-lettered.
+    Unavailable,
 }
 
 impl ErrorClass {
@@ -19,7 +25,7 @@ impl ErrorClass {
     #[must_use]
     pub fn dlt_kind(self) -> &'static str {
         match self {
-            Self::Transient => "exhausted",
+            Self::Transient | Self::Unavailable => "exhausted",
             Self::Poison => "poison",
         }
     }
@@ -48,6 +54,18 @@ impl HandlerError {
     pub fn transient(message: impl Into<String>) -> Self {
         Self { class: ErrorClass::Transient, message: message.into() }
     }
+
+    #[must_use]
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self { class: ErrorClass::Unavailable, message: message.into() }
+    }
+
+    /// A failure classified by `error`'s own [`Classify`], with `context` before its
+    /// message.
+    #[must_use]
+    pub fn classified<E: Classify + std::fmt::Display>(context: &str, error: &E) -> Self {
+        Self { class: error.class(), message: format!("{context}: {error}") }
+    }
 }
 
 impl Classify for HandlerError {
@@ -57,11 +75,101 @@ impl Classify for HandlerError {
 }
 
 impl Classify for diesel::result::Error {
-    /// Every database failure is transient: connection loss, timeouts, serialization
-    /// failures and deadlocks may pass; anything else is retried a bounded number of times
-    /// and then dead-lettered, never dropped.
+    /// By cause, as far as the driver reports it:
+    /// - connection lost or never sent (`UnableToSendCommand`, `ClosedConnection`, a broken
+    ///   transaction manager): the database is unavailable;
+    /// - integrity violations (SQLSTATE class 23: unique, foreign key, not null, check):
+    ///   poison, the same statement fails the same way every time;
+    /// - serialization failures (40001): transient;
+    /// - anything else the server reported: by its SQLSTATE when diesel-async names it, else
+    ///   by PostgreSQL's primary message ([`classify_server_message`]);
+    /// - a value tally could not encode or decode: poison.
     fn class(&self) -> ErrorClass {
+        use diesel::result::{DatabaseErrorKind as K, Error};
+        match self {
+            Error::DatabaseError(K::UnableToSendCommand | K::ClosedConnection, _) | Error::BrokenTransactionManager => {
+                ErrorClass::Unavailable
+            }
+            Error::DatabaseError(
+                K::UniqueViolation
+                | K::ForeignKeyViolation
+                | K::NotNullViolation
+                | K::CheckViolation,
+                _,
+            ) => ErrorClass::Poison,
+            Error::DatabaseError(K::SerializationFailure, _) => ErrorClass::Transient,
+            Error::DatabaseError(_, info) => classify_server_message(info.message()),
+            Error::SerializationError(_) | Error::DeserializationError(_) => ErrorClass::Poison,
+            _ => ErrorClass::Transient,
+        }
+    }
+}
+
+/// The class of a server error that diesel-async 0.6 reports as `Unknown`: it keeps the
+/// SQLSTATE to itself except for six codes, so the primary message, whose wording
+/// PostgreSQL keeps stable, stands in for the code. What is not recognised is transient:
+/// retried a bounded number of times, then dead-lettered as `exhausted` (never dropped).
+///
+/// - 08xxx connection exceptions, 57P01-57P03 (shutdown, cannot connect now): unavailable.
+/// - 40P01 deadlock, 55P03 lock not available, 57014 statement or lock timeout, 53xxx
+///   insufficient resources: transient.
+/// - 22xxx data exceptions (value too long, out of range, invalid input syntax, division
+///   by zero, invalid encoding): poison.
+#[must_use]
+pub fn classify_server_message(message: &str) -> ErrorClass {
+    const UNAVAILABLE: &[&str] = &[
+        "terminating connection",
+        "the database system is shutting down",
+        "the database system is starting up",
+        "the database system is in recovery mode",
+        "is not currently accepting connections",
+        "connection to server",
+        "server closed the connection",
+    ];
+    const TRANSIENT: &[&str] = &[
+        "deadlock detected",
+        "could not obtain lock",
+        "canceling statement due to",
+        "could not serialize access",
+        "out of memory",
+        "out of shared memory",
+        "too many connections",
+        "remaining connection slots",
+        "could not extend file",
+        "no space left on device",
+    ];
+    const POISON: &[&str] = &[
+        "value too long for type",
+        "out of range",
+        "invalid input syntax",
+        "invalid input value",
+        "division by zero",
+        "invalid byte sequence",
+        "character with byte sequence",
+        "null character not permitted",
+        "date/time field value out of range",
+        "violates check constraint",
+        "violates not-null constraint",
+        "violates foreign key constraint",
+        "duplicate key value violates unique constraint",
+    ];
+    let m = message.to_ascii_lowercase();
+    if UNAVAILABLE.iter().any(|p| m.contains(p)) {
+        ErrorClass::Unavailable
+    } else if TRANSIENT.iter().any(|p| m.contains(p)) {
         ErrorClass::Transient
+    } else if POISON.iter().any(|p| m.contains(p)) {
+        ErrorClass::Poison
+    } else {
+        ErrorClass::Transient
+    }
+}
+
+impl Classify for diesel_async::pooled_connection::deadpool::PoolError {
+    /// No connection could be had: refused, timed out, or the pool is closed. The
+    /// database is unavailable, whatever the record.
+    fn class(&self) -> ErrorClass {
+        ErrorClass::Unavailable
     }
 }
 
@@ -112,6 +220,32 @@ mod tests {
     fn backoff_is_capped() {
         let p = RetryPolicy { max_retries: 10, ..RetryPolicy::default() };
         assert_eq!(p.backoff(10), Some(Duration::from_secs(15)));
+    }
+
+    #[test]
+    fn database_errors_are_classified_by_cause() {
+        use diesel::result::{DatabaseErrorKind as K, Error};
+        let db = |kind, msg: &str| Error::DatabaseError(kind, Box::new(msg.to_owned()));
+        assert_eq!(db(K::UniqueViolation, "duplicate key").class(), ErrorClass::Poison);
+        assert_eq!(db(K::CheckViolation, "violates check constraint").class(), ErrorClass::Poison);
+        assert_eq!(db(K::SerializationFailure, "could not serialize").class(), ErrorClass::Transient);
+        assert_eq!(db(K::ClosedConnection, "closed").class(), ErrorClass::Unavailable);
+        assert_eq!(db(K::UnableToSendCommand, "connection reset").class(), ErrorClass::Unavailable);
+        for (msg, class) in [
+            ("value too long for type character varying(55)", ErrorClass::Poison),
+            ("bigint out of range", ErrorClass::Poison),
+            ("invalid input syntax for type uuid: \"x\"", ErrorClass::Poison),
+            ("deadlock detected", ErrorClass::Transient),
+            ("canceling statement due to lock timeout", ErrorClass::Transient),
+            ("canceling statement due to statement timeout", ErrorClass::Transient),
+            ("could not obtain lock on row in relation \"accounts\"", ErrorClass::Transient),
+            ("terminating connection due to administrator command", ErrorClass::Unavailable),
+            ("database \"t\" is not currently accepting connections", ErrorClass::Unavailable),
+            ("something nobody has seen before", ErrorClass::Transient),
+        ] {
+            assert_eq!(db(K::Unknown, msg).class(), class, "{msg}");
+        }
+        assert_eq!(Error::BrokenTransactionManager.class(), ErrorClass::Unavailable);
     }
 
     #[test]

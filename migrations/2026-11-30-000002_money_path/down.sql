@@ -1,0 +1,2 @@
+DROP TABLE dead_letters;
+DROP TABLE antifraud_decisions;
