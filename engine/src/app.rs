@@ -81,14 +81,14 @@ pub struct Daemon {
 /// When a client cannot be created or a listener cannot be bound.
 pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Vec<String>) -> anyhow::Result<Daemon> {
     let metrics = Metrics::new().context("cannot register metrics")?;
-    let pool = build_pool(&PoolSettings {
+    let pool_settings = PoolSettings {
         url: config.database.url.expose().to_owned(),
         max_size: config.database.pool_size,
         statement_timeout: Duration::from_millis(config.database.statement_timeout_ms),
         connect_timeout: Duration::from_millis(config.database.connect_timeout_ms),
         application_name: "tally".into(),
-    })
-    .context("cannot build the database pool")?;
+    };
+    let pool = build_pool(&pool_settings).context("cannot build the database pool")?;
 
     let producer: FutureProducer =
         kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-outbox", config.outbox.send_timeout_ms)
@@ -102,6 +102,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         config: &config,
         bootstrap: &kafka.bootstrap,
         pool: pool.clone(),
+        pool_settings: pool_settings.clone(),
         metrics: metrics.clone(),
         dlt_producer: dlt_producer.clone(),
     };
@@ -156,6 +157,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         expected_migrations,
         kafka_probe: producer,
         admin_token: config.http.admin_token.clone(),
+        max_balance_cents: config.ledger.max_balance_cents,
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),
         stages,

@@ -248,6 +248,10 @@ pub enum LedgerMode {
     Seed,
 }
 
+/// The highest `ledger.max_balance_cents` allowed: nine such balances still sum inside an
+/// i64, and PostgreSQL sums balances as numeric anyway.
+const MAX_BALANCE_CEILING: i64 = 1_000_000_000_000_000_000;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerConfig {
@@ -259,6 +263,10 @@ pub struct LedgerConfig {
     pub max_concurrent_batches: usize,
     /// How long a partial batch waits for more transfers while another batch runs.
     pub linger_ms: u64,
+    /// The ceiling of every balance and amount, in cents. Intake refuses a larger opening
+    /// balance or amount (422); settlement rejects a credit that would pass it
+    /// (BALANCE_LIMIT_EXCEEDED). Keeps every sum far from 64-bit overflow.
+    pub max_balance_cents: i64,
     pub retry: RetryConfig,
 }
 
@@ -379,6 +387,7 @@ impl Default for LedgerConfig {
             batch_size: 200,
             max_concurrent_batches: 4,
             linger_ms: 2,
+            max_balance_cents: 1_000_000_000_000_000,
             retry: RetryConfig::default(),
         }
     }
@@ -638,6 +647,9 @@ impl Config {
         }
         if self.ledger.max_concurrent_batches == 0 || self.ledger.max_concurrent_batches > self.database.pool_size {
             return invalid("ledger.max_concurrent_batches", "must be between 1 and database.pool_size");
+        }
+        if !(1..=MAX_BALANCE_CEILING).contains(&self.ledger.max_balance_cents) {
+            return invalid("ledger.max_balance_cents", "must be between 1 and 1000000000000000000 (10^18)");
         }
         self.ledger.retry.validate("ledger.retry")?;
         let af = &self.antifraud;

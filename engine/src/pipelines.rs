@@ -10,7 +10,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 use tally_actors::antifraud::{Antifraud, AntifraudSpec, RiskRules, RulesRiskEngine};
 use tally_actors::consume::{Pipeline, PipelineSpec};
-use tally_actors::db::PgPool;
+use tally_actors::db::{PgPool, PoolSettings};
 use tally_actors::ledger::{AccountLedger, LedgerTopics, SettlementBatcher, SettlementMode};
 use tally_actors::notify::{Notifier, NotifierSettings};
 use tally_actors::orders::OrderMaterializer;
@@ -25,6 +25,8 @@ pub struct Shared<'a> {
     pub config: &'a Config,
     pub bootstrap: &'a str,
     pub pool: PgPool,
+    /// How `pool` was built, for stages that build their own pool on their own thread.
+    pub pool_settings: PoolSettings,
     pub metrics: Metrics,
     /// Producer for dead-letter writes (idempotent, acks=all).
     pub dlt_producer: FutureProducer,
@@ -94,7 +96,11 @@ impl Shared<'_> {
         let seed = cfg.mode == LedgerMode::Seed;
         let batcher = SettlementBatcher::new(
             self.pool.clone(),
-            LedgerTopics { settled: topics.transfers_settled.clone(), rejected: topics.transfers_rejected.clone() },
+            LedgerTopics {
+                settled: topics.transfers_settled.clone(),
+                rejected: topics.transfers_rejected.clone(),
+                max_balance_cents: cfg.max_balance_cents,
+            },
             self.metrics.clone(),
             if seed { SettlementMode::Seed } else { SettlementMode::Batched },
             cfg.batch_size,
@@ -198,6 +204,11 @@ impl Shared<'_> {
             max_batch_wait: Duration::from_millis(cfg.batch_max_wait_ms),
             transaction_timeout: Duration::from_millis(cfg.transaction_timeout_ms),
             retry: cfg.retry.policy(),
+            database: PoolSettings {
+                max_size: 2,
+                application_name: "tally-antifraud".into(),
+                ..self.pool_settings.clone()
+            },
         };
         let rules = RiskRules {
             base: cfg.base_score,

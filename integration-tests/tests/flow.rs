@@ -9,49 +9,13 @@
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use rdkafka::types::RDKafkaRespErr;
-use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
 use tally_engine::broker::api_key;
-use tally_integration_tests::{json_body, metric_value, read_topic, spawn_app, wait_until, Deadline, TestApp, TestDb};
+use tally_integration_tests::{
+    balance_of as balance, create_account as account, final_state, json_body, metric_value, post_transfer as transfer,
+    postings_of, read_topic, spawn_app, wait_until, Deadline,
+};
 use uuid::Uuid;
-
-async fn account(app: &TestApp, id: &str, balance: i64, currency: &str) {
-    let res =
-        app.post_json("/accounts", &json!({ "id": id, "currency": currency, "initialBalanceCents": balance })).await;
-    assert_eq!(res.status(), StatusCode::CREATED, "create account {id}");
-}
-
-async fn transfer(app: &TestApp, from: &str, to: &str, amount: i64) -> Uuid {
-    let res = app
-        .post_json(
-            "/transfers",
-            &json!({ "sourceAccount": from, "destinationAccount": to, "amountCents": amount, "currency": "BRL" }),
-        )
-        .await;
-    assert_eq!(res.status(), StatusCode::CREATED, "POST /transfers");
-    serde_json::from_value(json_body(res).await["id"].clone()).expect("transfer id")
-}
-
-/// Waits until the transfer leaves PENDING and returns its view.
-async fn final_state(app: &TestApp, id: Uuid) -> Value {
-    wait_until(&format!("transfer {id} reaches a final status"), Deadline::DEFAULT, || async {
-        let body = json_body(app.get(&format!("/transfers/{id}")).await).await;
-        if body["status"] == "PENDING" {
-            Err(body.to_string())
-        } else {
-            Ok(body)
-        }
-    })
-    .await
-}
-
-async fn postings_of(db: &TestDb, id: Uuid) -> i64 {
-    db.scalar_i64("SELECT count(*) FROM postings WHERE transfer_id = $1", &[&id]).await
-}
-
-async fn balance(app: &TestApp, id: &str) -> i64 {
-    json_body(app.get(&format!("/accounts/{id}")).await).await["balanceCents"].as_i64().expect("balanceCents")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfers_reach_their_final_status_end_to_end() {

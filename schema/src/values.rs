@@ -149,3 +149,32 @@ mod tests {
         }
     }
 }
+
+/// Whether `v` is a W3C `traceparent` of version 00 (55 characters, lower-case hex, trace
+/// and span ids not all zero). Anything else is ignored where a traceparent is stored.
+#[must_use]
+pub fn is_valid_traceparent(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    parts.len() == 4
+        && parts[0] == "00"
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && hex(parts[3], 2)
+}
+
+#[cfg(test)]
+mod traceparent_tests {
+    use super::is_valid_traceparent;
+
+    #[test]
+    fn traceparent_validation() {
+        assert!(is_valid_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+        assert!(!is_valid_traceparent("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01"));
+        assert!(!is_valid_traceparent("00-00000000000000000000000000000000-00f067aa0ba902b7-01"));
+        assert!(!is_valid_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"));
+        assert!(!is_valid_traceparent("garbage"));
+    }
+}

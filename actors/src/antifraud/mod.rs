@@ -1,39 +1,45 @@
-//! The antifraud stage (seed 001 §5): consume-transform-produce inside Kafka transactions.
+//! The antifraud stage: consume-transform-produce inside Kafka transactions.
 //!
-//! One driver thread polls `transfers.requested` (`read_committed`), scores each transfer
-//! with the [`RiskEngine`], and writes `TransferAnalyzed` (score below the block limit) or
-//! `TransferRejected` (BLOCKED_BY_ANTIFRAUD) keyed by the source account, with ids derived
-//! from the transfer id (seed `idDerivado`). Several records form one transaction (bounded
-//! by count and time): their outputs and the consumer offsets
-//! (`send_offsets_to_transaction` with the group metadata) commit together. Undecodable
-//! records go to the DLT inside the same transaction.
+//! One driver thread polls `transfers.requested` (`read_committed`), decides each transfer
+//! once, and writes `TransferAnalyzed` (score below the block limit) or `TransferRejected`
+//! (BLOCKED_BY_ANTIFRAUD) keyed by the source account, with ids derived from the transfer
+//! id. Several records form one transaction (bounded by count and time): their outputs and
+//! the consumer offsets (`send_offsets_to_transaction` with the group metadata) commit
+//! together. Undecodable records go to the DLT inside the same transaction; one the DLT
+//! refuses for good (too large, partition missing) goes to the `dead_letters` table.
 //!
-//! A batch is scored once; a failed transaction is aborted and the same outputs are
-//! produced again in a new one, so the risk state never counts a transfer twice. After a
-//! fatal or timed-out transaction error the transactional producer is re-created. Polling
-//! (and so rebalancing) happens only between transactions; records of partitions revoked
-//! while a batch was gathered are dropped from it and go to the partition's new owner.
+//! A transfer's decision is made once ([`decisions`]): the first one is stored before the
+//! transaction that publishes it commits, and every later delivery publishes the stored
+//! one again. The risk engine's velocity window counts distinct transfers and is rebuilt
+//! from stored decisions whenever partitions are assigned. A failed transaction is aborted
+//! and the same outputs are produced again in a new one; after a fatal or timed-out
+//! transaction error the transactional producer is re-created. Polling (and so
+//! rebalancing) happens only between transactions; records of partitions revoked while a
+//! batch was gathered are dropped from it and go to the partition's new owner.
 //!
-//! This stage needs no per-key actors: the work per record is pure computation, and one
-//! loop in partition order keeps per-key order and the transaction boundaries simple.
+//! This stage needs no per-key actors: the work per record is a lookup or a computation,
+//! and one loop in partition order keeps per-key order and the transaction boundaries
+//! simple. Its database pool lives on the loop's own thread and runtime.
 
+pub mod decisions;
+mod output;
 mod risk;
+mod txn;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{SubsecRound, Utc};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{ClientContext, Offset, Statistics, TopicPartitionList};
-use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRejected, TransferRequested};
-use tally_schema::{headers, topics, AccountId, Currency, EventType};
+use rdkafka::error::KafkaResult;
+use rdkafka::producer::Producer;
+use rdkafka::{ClientContext, Statistics};
+use tally_schema::events::TransferRequested;
 use tracing::{info, warn};
+use uuid::Uuid;
 
 pub use risk::{RiskEngine, RiskRules, RulesRiskEngine};
 
@@ -41,12 +47,16 @@ use crate::consume::{
     publish_lag, record_stats, Control, DriverThread, PartitionStatus, PipelineControl, PipelineStatus, Record,
     StatsView,
 };
+use crate::db::{build_pool, PgPool, PoolSettings};
 use crate::metrics::Metrics;
-use crate::supervise::{dlt_headers, RetryPolicy};
+use crate::supervise::{store_dead_letter, DeadLetterRow, HandlerError, RetryPolicy};
+use decisions::Decision;
+use output::Output;
+use txn::{needs_new_producer, new_producer, next_offsets, permanently_refused, transact, TxnProducer};
 
 /// The rejection reason of a blocked transfer.
 pub const BLOCKED_BY_ANTIFRAUD: &str = "BLOCKED_BY_ANTIFRAUD";
-/// Kinds of the derived event ids (seed: "analisada", "rejeitada-antifraude").
+/// Kinds of the derived event ids.
 pub const ANALYZED_KIND: &str = "analyzed";
 pub const REJECTED_KIND: &str = "rejected-antifraud";
 
@@ -68,89 +78,11 @@ pub struct AntifraudSpec {
     pub max_batch: usize,
     pub max_batch_wait: Duration,
     pub transaction_timeout: Duration,
-    /// Backoff between attempts of a failed transaction.
+    /// Backoff between attempts of a failed transaction or database call.
     pub retry: RetryPolicy,
-}
-
-/// One output record, computed once per batch.
-struct Output {
-    topic: String,
-    partition: Option<i32>,
-    key: Option<Vec<u8>>,
-    payload: Option<Vec<u8>>,
-    headers: OwnedHeaders,
-    outcome: &'static str,
-}
-
-/// Turns one input record into its output (plain logic).
-fn transform(record: &Record, spec: &AntifraudSpec, risk: &mut dyn RiskEngine, metrics: &Metrics) -> Output {
-    match decode(record) {
-        Err(reason) => Output {
-            topic: topics::dlt(&record.topic),
-            partition: Some(record.partition),
-            key: record.key.clone(),
-            payload: record.payload.clone(),
-            headers: dlt_headers(record, &spec.group_id, "poison", &reason, 1),
-            outcome: "dead_lettered",
-        },
-        Ok(t) => {
-            let score = risk.score(&t);
-            metrics.antifraud_score.observe(f64::from(score));
-            let (topic, id, kind, payload, outcome) = if score >= spec.block_limit {
-                let id = derived_event_id(REJECTED_KIND, t.transfer_id);
-                let event = TransferRejected {
-                    event_id: id,
-                    transfer_id: t.transfer_id,
-                    reason: BLOCKED_BY_ANTIFRAUD.into(),
-                    rejected_at: Utc::now(),
-                };
-                (&spec.rejected, id, EventType::TransferRejected, serde_json::to_vec(&event), "blocked")
-            } else {
-                let id = derived_event_id(ANALYZED_KIND, t.transfer_id);
-                let event = TransferAnalyzed {
-                    event_id: id,
-                    transfer_id: t.transfer_id,
-                    source_account: t.source_account.clone(),
-                    destination_account: t.destination_account.clone(),
-                    amount_cents: t.amount_cents,
-                    currency: t.currency.clone(),
-                    score,
-                    analyzed_at: Utc::now(),
-                };
-                (&spec.analyzed, id, EventType::TransferAnalyzed, serde_json::to_vec(&event), "analyzed")
-            };
-            let id = id.to_string();
-            let mut hdrs = OwnedHeaders::new_with_capacity(3)
-                .insert(Header { key: headers::EVENT_ID, value: Some(id.as_bytes()) })
-                .insert(Header { key: headers::EVENT_TYPE, value: Some(kind.as_str().as_bytes()) });
-            if let Some(tp) = record.header(headers::TRACEPARENT) {
-                hdrs = hdrs.insert(Header { key: headers::TRACEPARENT, value: Some(tp) });
-            }
-            Output {
-                topic: topic.clone(),
-                partition: None,
-                key: Some(t.source_account.into_bytes()),
-                // Serialising tally's own event types cannot fail.
-                payload: payload.ok(),
-                headers: hdrs,
-                outcome,
-            }
-        }
-    }
-}
-
-fn decode(record: &Record) -> Result<TransferRequested, String> {
-    let payload = record.payload.as_deref().ok_or("record has no value")?;
-    let t: TransferRequested =
-        serde_json::from_slice(payload).map_err(|e| format!("undecodable TransferRequested: {e}"))?;
-    AccountId::parse("sourceAccount", &t.source_account)
-        .and_then(|_| AccountId::parse("destinationAccount", &t.destination_account))
-        .and_then(|_| Currency::parse("currency", &t.currency))
-        .map_err(|e| format!("invalid TransferRequested: {e}"))?;
-    if t.amount_cents <= 0 {
-        return Err("invalid TransferRequested: amountCents must be positive".into());
-    }
-    Ok(t)
+    /// The stage's own database pool (decisions and the dead-letter fallback), built on
+    /// the stage's thread.
+    pub database: PoolSettings,
 }
 
 struct AntifraudContext {
@@ -158,6 +90,8 @@ struct AntifraudContext {
     topics: Vec<String>,
     /// Partitions revoked since the loop last looked.
     revoked: Mutex<Vec<(String, i32)>>,
+    /// Set on every assignment: the velocity window must be rebuilt before scoring.
+    assigned: AtomicBool,
     stats: Mutex<StatsView>,
 }
 
@@ -178,6 +112,7 @@ impl ConsumerContext for AntifraudContext {
 
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
+            self.assigned.store(true, Ordering::Relaxed);
             info!(pipeline = PIPELINE, partitions = tpl.count(), "Partitions assigned.");
         }
     }
@@ -216,6 +151,7 @@ impl Antifraud {
             metrics: metrics.clone(),
             topics: vec![spec.input.clone()],
             revoked: Mutex::default(),
+            assigned: AtomicBool::new(false),
             stats: Mutex::default(),
         };
         let status = Arc::new(Mutex::new(PipelineStatus {
@@ -231,6 +167,17 @@ impl Antifraud {
         let stop_flag = Arc::clone(&stopping);
         let loop_status = Arc::clone(&status);
         let driver = DriverThread::spawn("tally-antifraud".into(), stopping, move |control_rx| {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                tracing::error!(pipeline = PIPELINE, "Cannot start the antifraud database runtime; stage stopped.");
+                return;
+            };
+            let pool = match runtime.block_on(async { build_pool(&spec.database) }) {
+                Ok(pool) => pool,
+                Err(e) => {
+                    tracing::error!(pipeline = PIPELINE, error = %e, "Cannot build the antifraud database pool; stage stopped.");
+                    return;
+                }
+            };
             let io = LoopIo {
                 consumer: &consumer,
                 spec: &spec,
@@ -238,6 +185,8 @@ impl Antifraud {
                 control: &control_rx,
                 stopping: &stop_flag,
                 status: &loop_status,
+                runtime: &runtime,
+                pool: &pool,
             };
             drive(&io, producer, risk);
         })?;
@@ -259,26 +208,6 @@ impl Antifraud {
     }
 }
 
-/// A producer that serves its delivery reports on a thread of its own: transaction calls
-/// (abort in particular) wait until every outstanding report was served, which a producer
-/// polled only by this loop could never do while the loop waits in the call.
-type TxnProducer = ThreadedProducer<DefaultProducerContext>;
-
-fn new_producer(spec: &AntifraudSpec) -> KafkaResult<TxnProducer> {
-    let mut config = ClientConfig::new();
-    config.set("acks", "all").set("linger.ms", "5").set("compression.type", "zstd");
-    for (k, v) in spec.producer.config_map() {
-        config.set(k, v);
-    }
-    config
-        .set("transactional.id", &spec.transactional_id)
-        .set("enable.idempotence", "true")
-        .set("transaction.timeout.ms", spec.transaction_timeout.as_millis().to_string());
-    let producer: TxnProducer = config.create()?;
-    producer.init_transactions(spec.transaction_timeout)?;
-    Ok(producer)
-}
-
 /// What the antifraud loop works with, besides its producer and risk engine.
 struct LoopIo<'a> {
     consumer: &'a BaseConsumer<AntifraudContext>,
@@ -287,10 +216,12 @@ struct LoopIo<'a> {
     control: &'a std::sync::mpsc::Receiver<Control>,
     stopping: &'a AtomicBool,
     status: &'a Mutex<PipelineStatus>,
+    runtime: &'a tokio::runtime::Runtime,
+    pool: &'a PgPool,
 }
 
 fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngine>) {
-    let LoopIo { consumer, spec, metrics, control, stopping, status } = *io;
+    let LoopIo { consumer, spec, metrics, control, status, .. } = *io;
     let mut last_status = Instant::now();
     loop {
         if last_status.elapsed() >= Duration::from_millis(500) {
@@ -328,54 +259,183 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngin
             continue;
         }
         metrics.inflight.with_label_values(&[PIPELINE, "all"]).set(batch.len() as i64);
-        let outputs: Vec<Output> = batch.iter().map(|r| transform(r, spec, risk.as_mut(), metrics)).collect();
-        let offsets = next_offsets(&batch);
-        let mut attempt = 0_u32;
-        loop {
-            match transact(&producer, consumer, &outputs, &offsets, spec) {
-                Ok(()) => {
-                    metrics.kafka_transactions_total.with_label_values(&["committed"]).inc();
-                    for o in &outputs {
-                        metrics.records_total.with_label_values(&[PIPELINE, o.outcome]).inc();
-                        if o.outcome == "dead_lettered" {
-                            metrics.dlt_records_total.with_label_values(&[&o.topic]).inc();
-                        }
-                    }
-                    break;
-                }
-                Err(e) => {
-                    metrics.kafka_transactions_total.with_label_values(&["aborted"]).inc();
-                    attempt += 1;
-                    let renew = needs_new_producer(&e);
-                    warn!(pipeline = PIPELINE, error = %e, attempt, records = outputs.len(), renew,
-                          "Transaction failed; aborting and producing the batch again.");
-                    if renew {
-                        match new_producer(spec) {
-                            Ok(p) => producer = p,
-                            Err(e) => {
-                                warn!(pipeline = PIPELINE, error = %e, "Cannot re-create the transactional producer.")
-                            }
-                        }
-                    } else if let Err(e) = producer.abort_transaction(spec.transaction_timeout) {
-                        warn!(pipeline = PIPELINE, error = %e, "Abort failed; re-creating the producer.");
-                        if let Ok(p) = new_producer(spec) {
-                            producer = p;
-                        }
-                    }
-                    if stopping.load(Ordering::Relaxed) {
-                        // Uncommitted: the batch is redelivered to whoever consumes next.
-                        // Return rather than gather again, so no later transaction commits
-                        // offsets past this batch.
-                        return;
-                    }
-                    // Broker trouble is nobody's record's fault: retry with capped backoff.
-                    let wait = spec.retry.backoff(attempt.min(spec.retry.max_retries.max(1))).unwrap_or(spec.retry.max);
-                    metrics.retries_total.with_label_values(&[PIPELINE]).inc();
-                    std::thread::sleep(wait);
-                }
-            }
+        let inputs: Vec<Result<TransferRequested, String>> = batch.iter().map(output::decode).collect();
+        let Some(decided) = decide(io, &inputs, risk.as_mut()) else {
+            // Stopping while the database was away: nothing was produced or committed.
+            return;
+        };
+        let outputs: Vec<Output> = batch
+            .iter()
+            .zip(inputs)
+            .enumerate()
+            .map(|(i, (record, input))| match input {
+                Err(reason) => output::poison(record, i, spec, reason),
+                Ok(t) => match decided.get(&t.transfer_id) {
+                    Some(d) => output::decided(record, &t, d, spec),
+                    // decide() returns a decision for every decoded transfer.
+                    None => output::poison(record, i, spec, "no decision could be made".into()),
+                },
+            })
+            .collect();
+        for d in decided.values() {
+            metrics.antifraud_score.observe(f64::from(d.score));
+        }
+        if !commit_batch(io, &mut producer, &batch, &outputs) {
+            return;
         }
         metrics.inflight.with_label_values(&[PIPELINE, "all"]).set(0);
+    }
+}
+
+/// The decision of every decoded transfer of the batch: stored ones as they are, new ones
+/// scored and stored first. Rebuilds the velocity window first after an assignment.
+/// Waits out database failures with capped backoff; `None` when the stage stops meanwhile.
+fn decide(
+    io: &LoopIo<'_>,
+    inputs: &[Result<TransferRequested, String>],
+    risk: &mut dyn RiskEngine,
+) -> Option<HashMap<Uuid, Decision>> {
+    let requests: Vec<&TransferRequested> = inputs.iter().filter_map(|i| i.as_ref().ok()).collect();
+    let mut attempt = 0_u32;
+    loop {
+        match io.runtime.block_on(decide_stored(io, &requests, risk)) {
+            Ok(decided) => return Some(decided),
+            Err(e) => {
+                attempt += 1;
+                warn!(pipeline = PIPELINE, error = %e, attempt, "Cannot read or store antifraud decisions; retrying.");
+                if io.stopping.load(Ordering::Relaxed) {
+                    return None;
+                }
+                io.metrics.retries_total.with_label_values(&[PIPELINE]).inc();
+                std::thread::sleep(backoff(io.spec, attempt));
+            }
+        }
+    }
+}
+
+async fn decide_stored(
+    io: &LoopIo<'_>,
+    requests: &[&TransferRequested],
+    risk: &mut dyn RiskEngine,
+) -> Result<HashMap<Uuid, Decision>, HandlerError> {
+    let mut conn = io.pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
+    let db = |e: diesel::result::Error| HandlerError::classified("antifraud decisions", &e);
+    if io.consumer.context().assigned.load(Ordering::Relaxed) {
+        if let Some(window) = risk.window() {
+            let recent = decisions::recent(&mut conn, window).await.map_err(db)?;
+            risk.rebuild(&recent.into_iter().map(|r| (r.source_account, r.transfer_id, r.requested_at)).collect::<Vec<_>>());
+        }
+        io.consumer.context().assigned.store(false, Ordering::Relaxed);
+    }
+    let mut seen = HashSet::new();
+    let ids: Vec<Uuid> = requests.iter().map(|t| t.transfer_id).filter(|id| seen.insert(*id)).collect();
+    let stored = decisions::load(&mut conn, &ids).await.map_err(db)?;
+    // Stored with microsecond precision: keep the same precision, so the first delivery
+    // and every later one publish the same time.
+    let now = Utc::now().trunc_subsecs(6);
+    let (mut all, new) = decisions::decide_batch(requests, &stored, risk, io.spec.block_limit, BLOCKED_BY_ANTIFRAUD, now);
+    let inserted = decisions::store(&mut conn, &new).await.map_err(db)?;
+    let lost: Vec<Uuid> = new.iter().map(|d| d.transfer_id).filter(|id| !inserted.contains(id)).collect();
+    if !lost.is_empty() {
+        // Another instance decided these first: its decision stands.
+        all.extend(decisions::load(&mut conn, &lost).await.map_err(db)?);
+    }
+    Ok(all)
+}
+
+fn backoff(spec: &AntifraudSpec, attempt: u32) -> Duration {
+    spec.retry.backoff(attempt.min(spec.retry.max_retries.max(1))).unwrap_or(spec.retry.max)
+}
+
+/// Commits the batch's outputs and offsets in one transaction, retrying until it commits
+/// (broker trouble is no record's fault). A dead-letter output the DLT refuses for good is
+/// stored in the `dead_letters` table instead. Returns false when the stage stops first.
+fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, batch: &[Record], outputs: &[Output]) -> bool {
+    let LoopIo { consumer, spec, metrics, stopping, .. } = *io;
+    let offsets = next_offsets(batch);
+    let mut skip = vec![false; outputs.len()];
+    let mut attempt = 0_u32;
+    loop {
+        match transact(producer, consumer, outputs, &skip, &offsets, spec) {
+            Ok(()) => {
+                metrics.kafka_transactions_total.with_label_values(&["committed"]).inc();
+                for (o, stored) in outputs.iter().zip(&skip) {
+                    metrics.records_total.with_label_values(&[PIPELINE, o.outcome]).inc();
+                    if o.outcome == "dead_lettered" {
+                        let place = if *stored { DEAD_LETTERS_TABLE } else { o.topic.as_str() };
+                        metrics.dlt_records_total.with_label_values(&[place]).inc();
+                    }
+                }
+                return true;
+            }
+            Err(failure) => {
+                metrics.kafka_transactions_total.with_label_values(&["aborted"]).inc();
+                attempt += 1;
+                let renew = needs_new_producer(&failure.error);
+                warn!(pipeline = PIPELINE, error = %failure.error, attempt, records = outputs.len(), renew,
+                      "Transaction failed; aborting and producing the batch again.");
+                if renew {
+                    match new_producer(spec) {
+                        Ok(p) => *producer = p,
+                        Err(e) => warn!(pipeline = PIPELINE, error = %e, "Cannot re-create the transactional producer."),
+                    }
+                } else if let Err(e) = producer.abort_transaction(spec.transaction_timeout) {
+                    warn!(pipeline = PIPELINE, error = %e, "Abort failed; re-creating the producer.");
+                    if let Ok(p) = new_producer(spec) {
+                        *producer = p;
+                    }
+                }
+                if let Some(index) = failure.refused.filter(|_| permanently_refused(&failure.error)) {
+                    if let Some(o) = outputs.get(index).filter(|o| o.dead_letter.is_some()) {
+                        if store_refused(io, batch, o, &failure.error.to_string()) {
+                            skip[index] = true;
+                            continue;
+                        }
+                    }
+                }
+                if stopping.load(Ordering::Relaxed) {
+                    // Uncommitted: the batch is redelivered to whoever consumes next.
+                    // Return rather than gather again, so no later transaction commits
+                    // offsets past this batch.
+                    return false;
+                }
+                metrics.retries_total.with_label_values(&[PIPELINE]).inc();
+                std::thread::sleep(backoff(spec, attempt));
+            }
+        }
+    }
+}
+
+/// The `dlt_records_total` label of records stored in the `dead_letters` table.
+const DEAD_LETTERS_TABLE: &str = "dead_letters";
+
+/// Stores the poison record behind `o` in the `dead_letters` table; true once stored (or
+/// already there).
+fn store_refused(io: &LoopIo<'_>, batch: &[Record], o: &Output, dlt_error: &str) -> bool {
+    let Some((index, reason)) = &o.dead_letter else { return false };
+    let Some(record) = batch.get(*index) else { return false };
+    let row = DeadLetterRow {
+        record,
+        group: &io.spec.group_id,
+        kind: "poison",
+        message: reason,
+        attempts: 1,
+        dlt_error,
+    };
+    let result = io.runtime.block_on(async {
+        let mut conn = io.pool.get().await.map_err(|e| e.to_string())?;
+        store_dead_letter(&mut conn, &row).await.map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(_) => {
+            warn!(pipeline = PIPELINE, topic = %record.topic, partition = record.partition, offset = record.offset,
+                  error = dlt_error, "The DLT refused a poison record; stored it in the dead_letters table.");
+            true
+        }
+        Err(e) => {
+            warn!(pipeline = PIPELINE, error = %e, "Cannot store a refused poison record; retrying the batch.");
+            false
+        }
     }
 }
 
@@ -435,85 +495,10 @@ fn gather(consumer: &BaseConsumer<AntifraudContext>, spec: &AntifraudSpec) -> Ve
     batch
 }
 
-/// The offsets to commit: per partition, one past the highest offset of the batch.
-fn next_offsets(batch: &[Record]) -> TopicPartitionList {
-    let mut next: HashMap<(&str, i32), i64> = HashMap::new();
-    for r in batch {
-        let e = next.entry((r.topic.as_str(), r.partition)).or_insert(r.offset + 1);
-        *e = (*e).max(r.offset + 1);
-    }
-    let mut tpl = TopicPartitionList::new();
-    for ((topic, partition), offset) in next {
-        let _ = tpl.add_partition_offset(topic, partition, Offset::Offset(offset));
-    }
-    tpl
-}
-
-fn transact(
-    producer: &TxnProducer,
-    consumer: &BaseConsumer<AntifraudContext>,
-    outputs: &[Output],
-    offsets: &TopicPartitionList,
-    spec: &AntifraudSpec,
-) -> KafkaResult<()> {
-    producer.begin_transaction()?;
-    for o in outputs {
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&o.topic).headers(o.headers.clone());
-        if let Some(p) = o.partition {
-            record = record.partition(p);
-        }
-        if let Some(k) = &o.key {
-            record = record.key(k.as_slice());
-        }
-        if let Some(p) = &o.payload {
-            record = record.payload(p.as_slice());
-        }
-        let mut pending = record;
-        loop {
-            match producer.send(pending) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    std::thread::sleep(Duration::from_millis(5));
-                    pending = back;
-                }
-                Err((e, _)) => return Err(e),
-            }
-        }
-    }
-    // Without group metadata the offsets cannot join the transaction: abort and retry.
-    let group = consumer.group_metadata().ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::InvalidGroupId))?;
-    let produced = Instant::now();
-    producer.send_offsets_to_transaction(offsets, &group, spec.transaction_timeout)?;
-    let offsets_sent = Instant::now();
-    producer.commit_transaction(spec.transaction_timeout)?;
-    tracing::debug!(
-        pipeline = PIPELINE,
-        records = outputs.len(),
-        send_offsets_ms = (offsets_sent - produced).as_millis() as u64,
-        commit_ms = offsets_sent.elapsed().as_millis() as u64,
-        "Transaction committed."
-    );
-    Ok(())
-}
-
-fn needs_new_producer(e: &KafkaError) -> bool {
-    match e {
-        KafkaError::Transaction(t) => {
-            t.is_fatal()
-                || matches!(
-                    t.code(),
-                    RDKafkaErrorCode::OperationTimedOut
-                        | RDKafkaErrorCode::MessageTimedOut
-                        | RDKafkaErrorCode::RequestTimedOut
-                )
-        }
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tally_schema::events::derived_event_id;
 
     fn spec() -> AntifraudSpec {
         AntifraudSpec {
@@ -529,6 +514,13 @@ mod tests {
             max_batch_wait: Duration::from_millis(10),
             transaction_timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
+            database: PoolSettings {
+                url: "postgres://localhost/none".into(),
+                max_size: 1,
+                statement_timeout: Duration::from_secs(1),
+                connect_timeout: Duration::from_secs(1),
+                application_name: "test".into(),
+            },
         }
     }
 
@@ -553,19 +545,26 @@ mod tests {
         )
     }
 
-    #[test]
-    fn scores_route_to_analyzed_or_rejected_with_derived_ids() {
-        let metrics = Metrics::new().unwrap();
+    fn decide_one(amount: i64) -> (Output, Decision) {
         let mut risk = RulesRiskEngine::new(RiskRules::default());
-        let spec = spec();
-        let ok = transform(&record(&requested(100), 0), &spec, &mut risk, &metrics);
+        let r = record(&requested(amount), 0);
+        let t = output::decode(&r).unwrap();
+        let (all, _) = decisions::decide_batch(&[&t], &HashMap::new(), &mut risk, 80, BLOCKED_BY_ANTIFRAUD, Utc::now());
+        let d = all[&t.transfer_id].clone();
+        (output::decided(&r, &t, &d, &spec()), d)
+    }
+
+    #[test]
+    fn decisions_route_to_analyzed_or_rejected_with_derived_ids() {
+        let tid = uuid::Uuid::from_u128(2);
+        let (ok, d) = decide_one(100);
         assert_eq!((ok.topic.as_str(), ok.outcome), ("transfers.analyzed", "analyzed"));
         let json: serde_json::Value = serde_json::from_slice(ok.payload.as_deref().unwrap()).unwrap();
-        let tid = uuid::Uuid::from_u128(2);
         assert_eq!(json["eventId"], serde_json::json!(derived_event_id(ANALYZED_KIND, tid)));
         assert_eq!(json["score"], 5);
+        assert_eq!(json["analyzedAt"], serde_json::json!(d.decided_at), "the decision's own time");
         assert_eq!(ok.key.as_deref(), Some(b"A".as_slice()));
-        let blocked = transform(&record(&requested(10_000_000), 1), &spec, &mut risk, &metrics);
+        let (blocked, _) = decide_one(10_000_000);
         assert_eq!((blocked.topic.as_str(), blocked.outcome), ("transfers.rejected", "blocked"));
         let json: serde_json::Value = serde_json::from_slice(blocked.payload.as_deref().unwrap()).unwrap();
         assert_eq!(json["reason"], BLOCKED_BY_ANTIFRAUD);
@@ -574,22 +573,13 @@ mod tests {
 
     #[test]
     fn poison_goes_to_the_dlt_on_the_same_partition() {
-        let metrics = Metrics::new().unwrap();
-        let mut risk = RulesRiskEngine::new(RiskRules::default());
-        let out = transform(&record("{nope", 7), &spec(), &mut risk, &metrics);
+        let r = record("{nope", 7);
+        let reason = output::decode(&r).unwrap_err();
+        let out = output::poison(&r, 4, &spec(), reason);
         assert_eq!(
             (out.topic.as_str(), out.partition, out.outcome),
             ("transfers.requested-dlt", Some(3), "dead_lettered")
         );
-    }
-
-    #[test]
-    fn offsets_are_one_past_the_highest_per_partition() {
-        let mut a = record("x", 5);
-        let b = record("x", 9);
-        a.partition = 1;
-        let tpl = next_offsets(&[a, b.clone(), record("x", 2)]);
-        assert_eq!(tpl.find_partition("transfers.requested", 1).map(|e| e.offset()), Some(Offset::Offset(6)));
-        assert_eq!(tpl.find_partition("transfers.requested", 3).map(|e| e.offset()), Some(Offset::Offset(10)));
+        assert_eq!(out.dead_letter.map(|(i, _)| i), Some(4));
     }
 }

@@ -1,17 +1,32 @@
-//! The risk engine behind a trait (seed 001 §5 `MotorDeRisco`). The default is
-//! deterministic: it scores amount tiers and the velocity of the source account over a
-//! sliding window measured in the events' own `requestedAt` times, so a replay of the same
-//! input scores the same.
+//! The risk engine behind a trait. The default is deterministic: it scores amount tiers
+//! and the velocity of the source account over a sliding window measured in the events'
+//! own `requestedAt` times, counting distinct transfers (a redelivered transfer is not a
+//! second one), so a replay of the same input scores the same. The window is rebuilt from
+//! the stored decisions when partitions are assigned, so it survives restarts and
+//! rebalances.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tally_schema::events::TransferRequested;
+use uuid::Uuid;
 
 /// Scores a transfer from 0 (no risk) to 100.
 pub trait RiskEngine: Send {
     fn score(&mut self, transfer: &TransferRequested) -> i32;
+
+    /// How far back (in event time) the engine remembers transfers; `None` when it keeps
+    /// no state, so nothing needs rebuilding.
+    fn window(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Replaces the remembered transfers with `recent` (source account, transfer id,
+    /// requested at; oldest first), as stored by whichever instance decided them.
+    fn rebuild(&mut self, recent: &[(String, Uuid, DateTime<Utc>)]) {
+        let _ = recent;
+    }
 }
 
 /// Settings of [`RulesRiskEngine`].
@@ -44,7 +59,8 @@ impl Default for RiskRules {
 #[derive(Debug)]
 pub struct RulesRiskEngine {
     rules: RiskRules,
-    recent: HashMap<String, VecDeque<DateTime<Utc>>>,
+    /// Per source account: (requested at, transfer id) inside the window.
+    recent: HashMap<String, VecDeque<(DateTime<Utc>, Uuid)>>,
     seen: usize,
 }
 
@@ -55,18 +71,28 @@ impl RulesRiskEngine {
         Self { rules, recent: HashMap::new(), seen: 0 }
     }
 
-    fn velocity(&mut self, account: &str, at: DateTime<Utc>) -> usize {
-        let window = chrono::Duration::from_std(self.rules.velocity_window).unwrap_or(chrono::Duration::MAX);
+    fn window_delta(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.rules.velocity_window).unwrap_or(chrono::Duration::MAX)
+    }
+
+    /// Transfers of `account` inside the window ending at `at`, this one included (counted
+    /// once, however often it is delivered).
+    fn velocity(&mut self, account: &str, transfer: Uuid, at: DateTime<Utc>) -> usize {
+        let window = self.window_delta();
         let times = self.recent.entry(account.to_owned()).or_default();
-        times.push_back(at);
-        while times.front().is_some_and(|t| *t + window < at) {
+        if !times.iter().any(|(_, id)| *id == transfer) {
+            // Keep the deque ordered by time even when events arrive out of order.
+            let position = times.partition_point(|(t, _)| *t <= at);
+            times.insert(position, (at, transfer));
+        }
+        while times.front().is_some_and(|(t, _)| *t + window < at) {
             times.pop_front();
         }
-        let n = times.len();
+        let n = times.iter().filter(|(t, _)| *t <= at).count();
         self.seen += 1;
         if self.seen % 10_000 == 0 {
             // Forget accounts with nothing inside the window, so memory stays bounded.
-            self.recent.retain(|_, t| t.back().is_some_and(|last| *last + window >= at));
+            self.recent.retain(|_, t| t.back().is_some_and(|(last, _)| *last + window >= at));
         }
         n
     }
@@ -81,12 +107,25 @@ impl RiskEngine for RulesRiskEngine {
             .rev()
             .find(|(min, _)| t.amount_cents >= *min)
             .map_or(0, |(_, points)| *points);
-        let velocity = if self.velocity(&t.source_account, t.requested_at) > self.rules.velocity_max {
+        let velocity = if self.velocity(&t.source_account, t.transfer_id, t.requested_at) > self.rules.velocity_max {
             self.rules.velocity_points
         } else {
             0
         };
         (self.rules.base + amount + velocity).clamp(0, 100)
+    }
+
+    fn window(&self) -> Option<Duration> {
+        Some(self.rules.velocity_window)
+    }
+
+    fn rebuild(&mut self, recent: &[(String, Uuid, DateTime<Utc>)]) {
+        self.recent.clear();
+        for (account, id, at) in recent {
+            let times = self.recent.entry(account.clone()).or_default();
+            let position = times.partition_point(|(t, _)| *t <= *at);
+            times.insert(position, (*at, *id));
+        }
     }
 }
 
@@ -125,6 +164,31 @@ mod tests {
         assert_eq!(e.score(&transfer("A", 100, 2)), 45, "third inside 10 s");
         assert_eq!(e.score(&transfer("B", 100, 2)), 5, "per account");
         assert_eq!(e.score(&transfer("A", 100, 30)), 5, "the window slid past the burst");
+    }
+
+    #[test]
+    fn velocity_counts_distinct_transfers() {
+        let rules = RiskRules { velocity_max: 2, velocity_window: Duration::from_secs(10), ..RiskRules::default() };
+        let mut e = RulesRiskEngine::new(rules);
+        let t = transfer("A", 100, 0);
+        for _ in 0..5 {
+            assert_eq!(e.score(&t), 5, "redeliveries of one transfer are one transfer");
+        }
+        assert_eq!(e.score(&transfer("A", 100, 1)), 5);
+        assert_eq!(e.score(&transfer("A", 100, 2)), 45, "the third distinct transfer inside 10 s");
+    }
+
+    #[test]
+    fn rebuilt_state_counts_like_the_original() {
+        let rules = RiskRules { velocity_max: 2, velocity_window: Duration::from_secs(10), ..RiskRules::default() };
+        let earlier: Vec<_> = (0..2).map(|i| transfer("A", 100, i)).collect();
+        let mut restarted = RulesRiskEngine::new(rules.clone());
+        assert_eq!(restarted.score(&transfer("A", 100, 2)), 5, "a fresh engine knows nothing");
+        let mut rebuilt = RulesRiskEngine::new(rules);
+        rebuilt.rebuild(
+            &earlier.iter().map(|t| (t.source_account.clone(), t.transfer_id, t.requested_at)).collect::<Vec<_>>(),
+        );
+        assert_eq!(rebuilt.score(&transfer("A", 100, 2)), 45, "the rebuilt window holds the two earlier transfers");
     }
 
     #[test]

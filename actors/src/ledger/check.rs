@@ -43,6 +43,39 @@ async fn count(conn: &mut AsyncPgConnection, sql: &str) -> Result<i64, diesel::r
     Ok(diesel::sql_query(sql).get_result::<Count>(conn).await?.n)
 }
 
+#[derive(QueryableByName)]
+struct StatusCounts {
+    #[diesel(sql_type = BigInt)]
+    settled_without_two: i64,
+    #[diesel(sql_type = BigInt)]
+    rejected_with_postings: i64,
+    #[diesel(sql_type = BigInt)]
+    pending_with_postings: i64,
+}
+
+/// The intake's transfer status against the ledger's postings: SETTLED has exactly its
+/// debit and credit of its amount, REJECTED has none. (At most one decision per transfer
+/// is the primary key of `antifraud_decisions`; a BLOCKED one must have no postings.)
+async fn status_against_postings(conn: &mut AsyncPgConnection) -> Result<StatusCounts, diesel::result::Error> {
+    diesel::sql_query(
+        "WITH p AS ( \
+           SELECT transfer_id, count(*) AS n, \
+                  bool_and(amount_cents = t_amount) AS amounts_match, \
+                  count(*) FILTER (WHERE kind = 'D') AS debits \
+           FROM (SELECT p.transfer_id, p.kind, p.amount_cents, t.amount_cents AS t_amount \
+                 FROM postings p JOIN transfers t ON t.id = p.transfer_id) x \
+           GROUP BY transfer_id) \
+         SELECT \
+           count(*) FILTER (WHERE t.status = 'SETTLED' \
+             AND (p.n IS NULL OR p.n <> 2 OR p.debits <> 1 OR NOT p.amounts_match)) AS settled_without_two, \
+           count(*) FILTER (WHERE t.status = 'REJECTED' AND p.n IS NOT NULL) AS rejected_with_postings, \
+           count(*) FILTER (WHERE t.status = 'PENDING' AND p.n IS NOT NULL) AS pending_with_postings \
+         FROM transfers t LEFT JOIN p ON p.transfer_id = t.id",
+    )
+    .get_result(conn)
+    .await
+}
+
 /// Evaluates every invariant.
 ///
 /// # Errors
@@ -85,6 +118,13 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
                 .await?;
                 let unfinished = count(conn, "SELECT count(*) AS n FROM processed_transfers WHERE outcome = 'PROCESSING'")
                     .await?;
+                let status = status_against_postings(conn).await?;
+                let blocked_with_postings = count(
+                    conn,
+                    "SELECT count(*) AS n FROM antifraud_decisions d \
+                     WHERE d.outcome = 'BLOCKED' AND EXISTS (SELECT 1 FROM postings p WHERE p.transfer_id = d.transfer_id)",
+                )
+                .await?;
                 let invariants = vec![
                     InvariantResult {
                         name: "money_conserved",
@@ -110,6 +150,21 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
                         name: "no_unfinished_settlements",
                         ok: unfinished == 0,
                         detail: serde_json::json!({ "violations": unfinished }),
+                    },
+                    InvariantResult {
+                        name: "status_agrees_with_postings",
+                        ok: status.settled_without_two == 0 && status.rejected_with_postings == 0,
+                        detail: serde_json::json!({
+                            "settledWithoutTheirTwoPostings": status.settled_without_two,
+                            "rejectedWithPostings": status.rejected_with_postings,
+                            // The projection catching up, not a violation.
+                            "pendingWithPostings": status.pending_with_postings,
+                        }),
+                    },
+                    InvariantResult {
+                        name: "blocked_transfers_have_no_postings",
+                        ok: blocked_with_postings == 0,
+                        detail: serde_json::json!({ "violations": blocked_with_postings }),
                     },
                 ];
                 Ok(LedgerCheck { ok: invariants.iter().all(|i| i.ok), invariants })

@@ -11,6 +11,7 @@ use actix::Addr;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tally_schema::events::TransferAnalyzed;
+use tally_schema::values::is_valid_traceparent;
 use tally_schema::{headers, AccountId, Currency};
 
 pub use batcher::{Settle, SettleError, SettlementBatcher, SettlementMode};
@@ -53,7 +54,21 @@ pub fn decode_analyzed(record: &Record) -> Result<SettleRequest, HandlerError> {
     if transfer.source_account == transfer.destination_account {
         return Err(HandlerError::poison("invalid TransferAnalyzed: source and destination are the same account"));
     }
-    Ok(SettleRequest { transfer, traceparent: record.header_str(headers::TRACEPARENT).map(str::to_owned) })
+    Ok(SettleRequest { transfer, traceparent: valid_traceparent(record) })
+}
+
+/// The record's `traceparent` when it is a valid W3C one; anything else (too long for the
+/// outbox column, malformed) is ignored with a warning rather than failing the record.
+fn valid_traceparent(record: &Record) -> Option<String> {
+    let value = record.header(headers::TRACEPARENT)?;
+    match std::str::from_utf8(value) {
+        Ok(v) if is_valid_traceparent(v) => Some(v.to_owned()),
+        _ => {
+            tracing::warn!(topic = %record.topic, partition = record.partition, offset = record.offset,
+                           length = value.len(), "Ignoring an invalid traceparent header.");
+            None
+        }
+    }
 }
 
 impl RecordHandler for AccountLedger {
@@ -63,7 +78,7 @@ impl RecordHandler for AccountLedger {
             let request = decode_analyzed(&record)?;
             match batcher.send(Settle(request)).await {
                 Ok(Ok(outcome)) => Ok(outcome.label()),
-                Ok(Err(e)) => Err(HandlerError::transient(e.to_string())),
+                Ok(Err(e)) => Err(HandlerError { class: e.class, message: e.to_string() }),
                 Err(e) => Err(HandlerError::transient(format!("settlement batcher unavailable: {e}"))),
             }
         }

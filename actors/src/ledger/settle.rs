@@ -7,10 +7,15 @@
 //!    no effect.
 //! 2. Lock every account involved, `ORDER BY id FOR UPDATE`: every transaction locks in the
 //!    same global order, so concurrent batches (and A->B against B->A) cannot deadlock.
-//! 3. Rules in memory, in batch order, on running balances, so two transfers of one batch
+//! 3. Read the intake's own `transfers` rows of the batch, if any: a transfer tally's intake
+//!    knows is settled only while its row is PENDING and matches the event (accounts,
+//!    amount, currency). A transfer the intake never saw (another service produced its
+//!    `TransferAnalyzed`) is settled on the event alone.
+//! 4. Rules in memory, in batch order, on running balances, so two transfers of one batch
 //!    touching the same account see each other's effect: ACCOUNT_NOT_FOUND,
-//!    CURRENCY_MISMATCH, INSUFFICIENT_FUNDS are committed rejections, not errors.
-//! 4. Set-based writes: postings (D and C), balances, outcomes, outbox events.
+//!    CURRENCY_MISMATCH, INSUFFICIENT_FUNDS, BALANCE_LIMIT_EXCEEDED (a credit past the
+//!    configured ceiling; arithmetic is checked) are committed rejections, not errors.
+//! 5. Set-based writes: postings (D and C), balances, outcomes, outbox events.
 
 use std::collections::{HashMap, HashSet};
 
@@ -23,11 +28,19 @@ use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRejected,
 use tally_schema::EventType;
 use uuid::Uuid;
 
-/// Rejection reasons (DESIGN.md glossary).
+/// Rejection reasons of the ledger.
 pub mod reason {
     pub const ACCOUNT_NOT_FOUND: &str = "ACCOUNT_NOT_FOUND";
     pub const CURRENCY_MISMATCH: &str = "CURRENCY_MISMATCH";
     pub const INSUFFICIENT_FUNDS: &str = "INSUFFICIENT_FUNDS";
+    /// The credit would take the destination past the configured balance ceiling.
+    pub const BALANCE_LIMIT_EXCEEDED: &str = "BALANCE_LIMIT_EXCEEDED";
+    /// The intake's transfer row is no longer PENDING (e.g. antifraud blocked it), yet a
+    /// `TransferAnalyzed` arrived for it.
+    pub const TRANSFER_NOT_PENDING: &str = "TRANSFER_NOT_PENDING";
+    /// The `TransferAnalyzed` disagrees with the intake's transfer row (accounts, amount or
+    /// currency).
+    pub const TRANSFER_MISMATCH: &str = "TRANSFER_MISMATCH";
 }
 
 /// Kinds of the derived event ids.
@@ -59,17 +72,72 @@ impl SettleOutcome {
     }
 }
 
-/// Output topics of the ledger.
+/// Output topics and limits of the ledger.
 #[derive(Debug, Clone)]
 pub struct LedgerTopics {
     pub settled: String,
     pub rejected: String,
+    /// No balance may exceed this many cents; a credit past it is BALANCE_LIMIT_EXCEEDED.
+    pub max_balance_cents: i64,
 }
 
 #[derive(QueryableByName)]
 struct InsertedId {
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     transfer_id: Uuid,
+}
+
+/// The intake's row of a transfer, when the intake knows it.
+#[derive(QueryableByName, Clone)]
+struct KnownTransfer {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    id: Uuid,
+    #[diesel(sql_type = Text)]
+    source_account: String,
+    #[diesel(sql_type = Text)]
+    destination_account: String,
+    #[diesel(sql_type = BigInt)]
+    amount_cents: i64,
+    #[diesel(sql_type = Text)]
+    currency: String,
+    #[diesel(sql_type = Text)]
+    status: String,
+}
+
+impl KnownTransfer {
+    /// Whether the intake's row allows settling `t`.
+    fn admits(&self, t: &TransferAnalyzed) -> Result<(), &'static str> {
+        if self.status != "PENDING" {
+            return Err(reason::TRANSFER_NOT_PENDING);
+        }
+        if self.source_account != t.source_account
+            || self.destination_account != t.destination_account
+            || self.amount_cents != t.amount_cents
+            || self.currency != t.currency
+        {
+            return Err(reason::TRANSFER_MISMATCH);
+        }
+        Ok(())
+    }
+}
+
+async fn load_known(
+    conn: &mut AsyncPgConnection,
+    ids: &[Uuid],
+) -> Result<HashMap<Uuid, KnownTransfer>, diesel::result::Error> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    Ok(diesel::sql_query(
+        "SELECT id, source_account::text AS source_account, destination_account::text AS destination_account, \
+         amount_cents, currency::text AS currency, status::text AS status FROM transfers WHERE id = ANY($1)",
+    )
+    .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
+    .load::<KnownTransfer>(conn)
+    .await?
+    .into_iter()
+    .map(|k| (k.id, k))
+    .collect())
 }
 
 #[derive(QueryableByName, Clone)]
@@ -146,8 +214,13 @@ impl Effects {
     }
 }
 
-/// The business rules on running balances (plain logic, unit-tested).
-fn decide(accounts: &HashMap<String, LockedAccount>, t: &TransferAnalyzed) -> Result<(), &'static str> {
+/// The business rules on running balances (plain logic, unit-tested). `Ok` carries the
+/// new (source, destination) balances.
+fn decide(
+    accounts: &HashMap<String, LockedAccount>,
+    t: &TransferAnalyzed,
+    max_balance: i64,
+) -> Result<(i64, i64), &'static str> {
     let (Some(source), Some(destination)) = (accounts.get(&t.source_account), accounts.get(&t.destination_account))
     else {
         return Err(reason::ACCOUNT_NOT_FOUND);
@@ -155,10 +228,28 @@ fn decide(accounts: &HashMap<String, LockedAccount>, t: &TransferAnalyzed) -> Re
     if source.currency != t.currency || destination.currency != t.currency {
         return Err(reason::CURRENCY_MISMATCH);
     }
-    if source.balance_cents < t.amount_cents {
+    let source_after = source.balance_cents.checked_sub(t.amount_cents).filter(|b| *b >= 0);
+    let Some(source_after) = source_after else {
         return Err(reason::INSUFFICIENT_FUNDS);
+    };
+    let destination_after = destination.balance_cents.checked_add(t.amount_cents).filter(|b| *b <= max_balance);
+    let Some(destination_after) = destination_after else {
+        return Err(reason::BALANCE_LIMIT_EXCEEDED);
+    };
+    Ok((source_after, destination_after))
+}
+
+/// The verdict on `t`: the intake's row (when it has one) must admit it, then the rules.
+fn verdict(
+    known: &HashMap<Uuid, KnownTransfer>,
+    accounts: &HashMap<String, LockedAccount>,
+    t: &TransferAnalyzed,
+    max_balance: i64,
+) -> Result<(i64, i64), &'static str> {
+    if let Some(k) = known.get(&t.transfer_id) {
+        k.admits(t)?;
     }
-    Ok(())
+    decide(accounts, t, max_balance)
 }
 
 /// Settles `batch` in one transaction. The outcomes are in batch order.
@@ -209,6 +300,8 @@ pub async fn settle_batch(
                 .collect()
             };
             let opening: HashMap<String, i64> = accounts.iter().map(|(k, a)| (k.clone(), a.balance_cents)).collect();
+            let fresh_ids: Vec<Uuid> = ids.iter().copied().filter(|id| fresh.contains(id)).collect();
+            let known = load_known(conn, &fresh_ids).await?;
 
             let mut effects = Effects::default();
             let mut outcomes = Vec::with_capacity(batch.len());
@@ -220,13 +313,13 @@ pub async fn settle_batch(
                     outcomes.push(SettleOutcome::Duplicate);
                     continue;
                 }
-                match decide(&accounts, t) {
-                    Ok(()) => {
+                match verdict(&known, &accounts, t, topics.max_balance_cents) {
+                    Ok((source_after, destination_after)) => {
                         if let Some(a) = accounts.get_mut(&t.source_account) {
-                            a.balance_cents -= t.amount_cents;
+                            a.balance_cents = source_after;
                         }
                         if let Some(a) = accounts.get_mut(&t.destination_account) {
-                            a.balance_cents += t.amount_cents;
+                            a.balance_cents = destination_after;
                         }
                         effects.settle(topics, req).map_err(to_db)?;
                         outcomes.push(SettleOutcome::Settled);
@@ -354,14 +447,15 @@ pub async fn settle_one_seed_style(
             .into_iter()
             .map(|a| (a.id.clone(), a))
             .collect();
+            let known = load_known(conn, &[t.transfer_id]).await?;
             let to_db = |e: serde_json::Error| diesel::result::Error::SerializationError(Box::new(e));
             let mut effects = Effects::default();
-            let outcome = match decide(&accounts, t) {
+            let outcome = match verdict(&known, &accounts, t, topics.max_balance_cents) {
                 Err(reason) => {
                     effects.reject(topics, req, reason).map_err(to_db)?;
                     SettleOutcome::Rejected(reason)
                 }
-                Ok(()) => {
+                Ok(_) => {
                     for (account, kind, delta) in
                         [(&t.source_account, "D", -t.amount_cents), (&t.destination_account, "C", t.amount_cents)]
                     {
@@ -414,14 +508,48 @@ mod tests {
         }
     }
 
+    const MAX: i64 = 1_000_000;
+
     #[test]
-    fn rules_in_seed_order() {
+    fn rules_in_order() {
         let accounts: HashMap<_, _> = [account("A", 100, "BRL"), account("B", 0, "BRL"), account("U", 0, "USD")].into();
-        assert_eq!(decide(&accounts, &transfer("A", "B", 100, "BRL")), Ok(()));
-        assert_eq!(decide(&accounts, &transfer("A", "X", 1, "BRL")), Err(reason::ACCOUNT_NOT_FOUND));
-        assert_eq!(decide(&accounts, &transfer("X", "B", 1, "BRL")), Err(reason::ACCOUNT_NOT_FOUND));
-        assert_eq!(decide(&accounts, &transfer("A", "U", 1, "BRL")), Err(reason::CURRENCY_MISMATCH));
-        assert_eq!(decide(&accounts, &transfer("A", "B", 1, "USD")), Err(reason::CURRENCY_MISMATCH));
-        assert_eq!(decide(&accounts, &transfer("A", "B", 101, "BRL")), Err(reason::INSUFFICIENT_FUNDS));
+        assert_eq!(decide(&accounts, &transfer("A", "B", 100, "BRL"), MAX), Ok((0, 100)));
+        assert_eq!(decide(&accounts, &transfer("A", "X", 1, "BRL"), MAX), Err(reason::ACCOUNT_NOT_FOUND));
+        assert_eq!(decide(&accounts, &transfer("X", "B", 1, "BRL"), MAX), Err(reason::ACCOUNT_NOT_FOUND));
+        assert_eq!(decide(&accounts, &transfer("A", "U", 1, "BRL"), MAX), Err(reason::CURRENCY_MISMATCH));
+        assert_eq!(decide(&accounts, &transfer("A", "B", 1, "USD"), MAX), Err(reason::CURRENCY_MISMATCH));
+        assert_eq!(decide(&accounts, &transfer("A", "B", 101, "BRL"), MAX), Err(reason::INSUFFICIENT_FUNDS));
+    }
+
+    #[test]
+    fn arithmetic_is_checked_against_the_ceiling() {
+        let accounts: HashMap<_, _> = [account("A", i64::MAX, "BRL"), account("B", i64::MAX, "BRL")].into();
+        assert_eq!(
+            decide(&accounts, &transfer("A", "B", 1, "BRL"), i64::MAX),
+            Err(reason::BALANCE_LIMIT_EXCEEDED),
+            "i64::MAX + 1 overflows: a rejection, not a panic or a wrapped balance"
+        );
+        let accounts: HashMap<_, _> = [account("A", 10, "BRL"), account("B", MAX - 5, "BRL")].into();
+        assert_eq!(decide(&accounts, &transfer("A", "B", 5, "BRL"), MAX), Ok((5, MAX)), "up to the ceiling");
+        assert_eq!(decide(&accounts, &transfer("A", "B", 6, "BRL"), MAX), Err(reason::BALANCE_LIMIT_EXCEEDED));
+    }
+
+    #[test]
+    fn a_known_transfer_settles_only_while_pending_and_matching() {
+        let accounts: HashMap<_, _> = [account("A", 100, "BRL"), account("B", 0, "BRL")].into();
+        let t = transfer("A", "B", 10, "BRL");
+        let row = |status: &str, amount: i64| KnownTransfer {
+            id: t.transfer_id,
+            source_account: "A".into(),
+            destination_account: "B".into(),
+            amount_cents: amount,
+            currency: "BRL".into(),
+            status: status.into(),
+        };
+        let known = |k: KnownTransfer| HashMap::from([(k.id, k)]);
+        assert_eq!(verdict(&HashMap::new(), &accounts, &t, MAX), Ok((90, 10)), "unknown to the intake");
+        assert_eq!(verdict(&known(row("PENDING", 10)), &accounts, &t, MAX), Ok((90, 10)));
+        assert_eq!(verdict(&known(row("REJECTED", 10)), &accounts, &t, MAX), Err(reason::TRANSFER_NOT_PENDING));
+        assert_eq!(verdict(&known(row("PENDING", 11)), &accounts, &t, MAX), Err(reason::TRANSFER_MISMATCH));
     }
 }

@@ -22,10 +22,13 @@ pub struct CreateTransferBody {
 }
 
 impl CreateTransferBody {
-    fn validate(self) -> Result<TransferRequest, ApiError> {
+    fn validate(self, max_cents: i64) -> Result<TransferRequest, ApiError> {
         let source = AccountId::parse("sourceAccount", &self.source_account)?;
         let destination = AccountId::parse("destinationAccount", &self.destination_account)?;
         let amount_cents = parse_amount("amountCents", &self.amount_cents)?;
+        if amount_cents > max_cents {
+            return Err(ApiError::Validation(format!("amountCents must be at most {max_cents}")));
+        }
         let currency = Currency::parse("currency", &self.currency)?;
         if source == destination {
             return Err(ApiError::Validation("sourceAccount and destinationAccount must differ".into()));
@@ -78,7 +81,7 @@ pub async fn create_transfer(
     body: web::Json<CreateTransferBody>,
 ) -> Result<HttpResponse, ApiError> {
     let key = idempotency_key(&req)?;
-    let request = body.into_inner().validate()?;
+    let request = body.into_inner().validate(state.max_balance_cents)?;
     let traceparent = super::traceparent(&req);
     let mut conn = state.pool.get().await?;
     let created = store::create_transfer(
@@ -152,8 +155,9 @@ pub async fn create_account(
     let body = body.into_inner();
     let id = AccountId::parse("id", &body.id)?;
     let currency = Currency::parse("currency", &body.currency)?;
-    let balance = body.initial_balance_cents.as_i64().filter(|b| *b >= 0).ok_or_else(|| {
-        ApiError::Validation("initialBalanceCents must be a non-negative integer that fits in 64 bits".into())
+    let max = state.max_balance_cents;
+    let balance = body.initial_balance_cents.as_i64().filter(|b| (0..=max).contains(b)).ok_or_else(|| {
+        ApiError::Validation(format!("initialBalanceCents must be an integer between 0 and {max}"))
     })?;
     let mut conn = state.pool.get().await?;
     match store::create_account(&mut conn, id.as_str(), currency.as_str(), balance).await? {

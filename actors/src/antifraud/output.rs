@@ -1,0 +1,99 @@
+//! What the antifraud stage writes for one input record (plain logic): the decoded
+//! request, and the output record built from its stored [`Decision`], or a dead-letter
+//! record for input that cannot be decoded.
+
+use rdkafka::message::{Header, OwnedHeaders};
+use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRejected, TransferRequested};
+use tally_schema::{headers, topics, AccountId, Currency, EventType};
+
+use super::decisions::Decision;
+use super::{AntifraudSpec, ANALYZED_KIND, REJECTED_KIND};
+use crate::consume::Record;
+use crate::supervise::dlt_headers;
+
+/// One output record of a batch.
+pub(super) struct Output {
+    pub topic: String,
+    pub partition: Option<i32>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: OwnedHeaders,
+    pub outcome: &'static str,
+    /// For a dead-letter output: the input record and why it is poison, so that it can
+    /// fall back to the `dead_letters` table when the DLT refuses it.
+    pub dead_letter: Option<(usize, String)>,
+}
+
+/// Decodes and validates a `TransferRequested`; `Err` names why it is poison.
+pub(super) fn decode(record: &Record) -> Result<TransferRequested, String> {
+    let payload = record.payload.as_deref().ok_or("record has no value")?;
+    let t: TransferRequested =
+        serde_json::from_slice(payload).map_err(|e| format!("undecodable TransferRequested: {e}"))?;
+    AccountId::parse("sourceAccount", &t.source_account)
+        .and_then(|_| AccountId::parse("destinationAccount", &t.destination_account))
+        .and_then(|_| Currency::parse("currency", &t.currency))
+        .map_err(|e| format!("invalid TransferRequested: {e}"))?;
+    if t.amount_cents <= 0 {
+        return Err("invalid TransferRequested: amountCents must be positive".into());
+    }
+    Ok(t)
+}
+
+/// The dead-letter output of the poison record at `index` of the batch.
+pub(super) fn poison(record: &Record, index: usize, spec: &AntifraudSpec, reason: String) -> Output {
+    Output {
+        topic: topics::dlt(&record.topic),
+        partition: Some(record.partition),
+        key: record.key.clone(),
+        payload: record.payload.clone(),
+        headers: dlt_headers(record, &spec.group_id, "poison", &reason, 1),
+        outcome: "dead_lettered",
+        dead_letter: Some((index, reason)),
+    }
+}
+
+/// The output of a decided transfer: `TransferAnalyzed` or `TransferRejected`, keyed by the
+/// source account, with an id derived from the transfer id and the decision's own score,
+/// reason and time, so every delivery of the transfer publishes the same event.
+pub(super) fn decided(record: &Record, t: &TransferRequested, d: &Decision, spec: &AntifraudSpec) -> Output {
+    let (topic, id, kind, payload, outcome) = if d.blocked() {
+        let id = derived_event_id(REJECTED_KIND, t.transfer_id);
+        let event = TransferRejected {
+            event_id: id,
+            transfer_id: t.transfer_id,
+            reason: d.reason.clone().unwrap_or_else(|| super::BLOCKED_BY_ANTIFRAUD.into()),
+            rejected_at: d.decided_at,
+        };
+        (&spec.rejected, id, EventType::TransferRejected, serde_json::to_vec(&event), "blocked")
+    } else {
+        let id = derived_event_id(ANALYZED_KIND, t.transfer_id);
+        let event = TransferAnalyzed {
+            event_id: id,
+            transfer_id: t.transfer_id,
+            source_account: t.source_account.clone(),
+            destination_account: t.destination_account.clone(),
+            amount_cents: t.amount_cents,
+            currency: t.currency.clone(),
+            score: d.score,
+            analyzed_at: d.decided_at,
+        };
+        (&spec.analyzed, id, EventType::TransferAnalyzed, serde_json::to_vec(&event), "analyzed")
+    };
+    let id = id.to_string();
+    let mut hdrs = OwnedHeaders::new_with_capacity(3)
+        .insert(Header { key: headers::EVENT_ID, value: Some(id.as_bytes()) })
+        .insert(Header { key: headers::EVENT_TYPE, value: Some(kind.as_str().as_bytes()) });
+    if let Some(tp) = record.header(headers::TRACEPARENT) {
+        hdrs = hdrs.insert(Header { key: headers::TRACEPARENT, value: Some(tp) });
+    }
+    Output {
+        topic: topic.clone(),
+        partition: None,
+        key: Some(t.source_account.clone().into_bytes()),
+        // Serialising tally's own event types cannot fail.
+        payload: payload.ok(),
+        headers: hdrs,
+        outcome,
+        dead_letter: None,
+    }
+}

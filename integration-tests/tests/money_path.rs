@@ -1,0 +1,322 @@
+//! The money path's guarantees: a transfer's antifraud decision is made once and stands,
+//! the ledger settles a transfer the intake knows only while it is PENDING and matches,
+//! money arithmetic cannot overflow, and database errors are classified by cause.
+//!
+//! Broker: the embedded broker (librdkafka's mock cluster, in this process). It stores no
+//! offsets sent in a transaction, so the antifraud stage re-reads `transfers.requested`
+//! from the start after every restart: exactly the redelivery these tests are about.
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
+
+use serde_json::json;
+use tally_integration_tests::{
+    assert_error, assert_ledger_ok, balance_of, create_account, final_state, post_transfer, postings_of,
+    produce, producer, read_topic, spawn_app, wait_until, Deadline, KafkaRecord, TestDb, TestEnv,
+};
+use uuid::Uuid;
+
+/// Publishes the transfer's `TransferRequested` outbox row again, as a crash between the
+/// broker's ack and the row's mark does.
+async fn republish_request(db: &TestDb, id: Uuid) {
+    let n = db
+        .execute(
+            "UPDATE outbox_events SET published_at = NULL \
+             WHERE topic = 'transfers.requested' AND payload::jsonb->>'transferId' = $1",
+            &[&id.to_string()],
+        )
+        .await;
+    assert_eq!(n, 1, "one TransferRequested row for {id}");
+}
+
+/// Waits until `topic` holds at least `n` records for transfer `id`; returns them.
+async fn records_for(env: &TestEnv, topic: &str, id: Uuid, n: usize) -> Vec<KafkaRecord> {
+    wait_until(&format!("{n} records of {id} on {topic}"), Deadline::DEFAULT, || async {
+        let records = read_topic(env.bootstrap(), topic, Deadline::secs(10)).await.map_err(|e| e.to_string())?;
+        let mine: Vec<_> = records.into_iter().filter(|r| r.payload_json()["transferId"] == json!(id)).collect();
+        if mine.len() >= n {
+            Ok(mine)
+        } else {
+            Err(format!("{} records", mine.len()))
+        }
+    })
+    .await
+}
+
+async fn records_of(env: &TestEnv, topic: &str, id: Uuid) -> usize {
+    let records = read_topic(env.bootstrap(), topic, Deadline::secs(10)).await.expect("read topic");
+    records.iter().filter(|r| r.payload_json()["transferId"] == json!(id)).count()
+}
+
+async fn decisions_of(db: &TestDb, id: Uuid) -> i64 {
+    db.scalar_i64("SELECT count(*) FROM antifraud_decisions WHERE transfer_id = $1", &[&id]).await
+}
+
+/// A transfer blocked by velocity is delivered again after the window slid (scored now it
+/// would pass); a transfer that settled is delivered again after a burst (scored now it
+/// would be blocked). Both publish their first decision again, unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_antifraud_decision_stands_when_the_transfer_is_delivered_again() {
+    const WINDOW_SECS: u64 = 4;
+    let (env, app) = spawn_app(|c| c.antifraud.velocity_window_secs = WINDOW_SECS).await;
+    create_account(&app, "V-A", 100_000_000, "BRL").await;
+    create_account(&app, "V-B", 0, "BRL").await;
+    create_account(&app, "V-C", 100_000_000, "BRL").await;
+
+    // V-C: 5,000,000 cents alone scores 55 and passes; then 21 more inside the window.
+    let settled = post_transfer(&app, "V-C", "V-B", 5_000_000).await;
+    // V-A: 21 small transfers then 6,000,000 cents inside the window: 95, blocked.
+    let mut burst = Vec::new();
+    for _ in 0..21 {
+        burst.push(post_transfer(&app, "V-C", "V-B", 100).await);
+        burst.push(post_transfer(&app, "V-A", "V-B", 100).await);
+    }
+    let blocked = post_transfer(&app, "V-A", "V-B", 6_000_000).await;
+    let v = final_state(&app, blocked).await;
+    assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("REJECTED"), Some("BLOCKED_BY_ANTIFRAUD")));
+    assert_eq!(final_state(&app, settled).await["status"], "SETTLED");
+    for id in &burst {
+        assert_eq!(final_state(&app, *id).await["status"], "SETTLED", "{id}");
+    }
+    let first_rejection = records_for(&env, "transfers.rejected", blocked, 1).await;
+    let first_analysis = records_for(&env, "transfers.analyzed", settled, 1).await;
+
+    // Let the window slide past the burst, and move V-A's window on with one more transfer.
+    tokio::time::sleep(std::time::Duration::from_secs(WINDOW_SECS + 1)).await;
+    let later = post_transfer(&app, "V-A", "V-B", 100).await;
+    assert_eq!(final_state(&app, later).await["status"], "SETTLED");
+
+    republish_request(&env.db, blocked).await;
+    republish_request(&env.db, settled).await;
+    let rejections = records_for(&env, "transfers.rejected", blocked, 2).await;
+    let analyses = records_for(&env, "transfers.analyzed", settled, 2).await;
+    for (records, first) in [(&rejections, &first_rejection[0]), (&analyses, &first_analysis[0])] {
+        for r in records {
+            assert_eq!(r.payload_json(), first.payload_json(), "the same decision: id, outcome, score, time");
+            assert_eq!(r.header("event-id"), first.header("event-id"));
+        }
+    }
+    assert_eq!(records_of(&env, "transfers.analyzed", blocked).await, 0, "the blocked transfer never analyzed");
+    let rejected_settled = read_topic(env.bootstrap(), "transfers.rejected", Deadline::secs(10))
+        .await
+        .expect("read transfers.rejected")
+        .into_iter()
+        .filter(|r| r.payload_json()["transferId"] == json!(settled))
+        .count();
+    assert_eq!(rejected_settled, 0, "the settled transfer was never rejected");
+
+    // The ledger saw the second analysis as a duplicate; the blocked transfer moved nothing.
+    let v = final_state(&app, blocked).await;
+    assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("REJECTED"), Some("BLOCKED_BY_ANTIFRAUD")));
+    assert_eq!(postings_of(&env.db, blocked).await, 0);
+    assert_eq!(postings_of(&env.db, settled).await, 2);
+    assert_eq!(balance_of(&app, "V-A").await, 100_000_000 - 22 * 100);
+    for id in [blocked, settled] {
+        assert_eq!(decisions_of(&env.db, id).await, 1, "one stored decision for {id}");
+    }
+    let check = assert_ledger_ok(&app).await;
+    let names: Vec<&str> = check["invariants"].as_array().into_iter().flatten().filter_map(|i| i["name"].as_str()).collect();
+    assert!(names.contains(&"status_agrees_with_postings") && names.contains(&"blocked_transfers_have_no_postings"));
+}
+
+/// The velocity window is rebuilt from stored decisions: a daemon restarted after a burst
+/// still counts the burst, although it publishes the burst's decisions without scoring
+/// them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_velocity_window_survives_a_restart() {
+    let env = TestEnv::new().await;
+    let configure = |c: &mut tally_engine::config::Config| c.antifraud.velocity_window_secs = 120;
+    let app = env.spawn(configure).await;
+    create_account(&app, "R-A", 100_000_000, "BRL").await;
+    create_account(&app, "R-B", 0, "BRL").await;
+    let mut burst = Vec::new();
+    for _ in 0..21 {
+        burst.push(post_transfer(&app, "R-A", "R-B", 100).await);
+    }
+    for id in &burst {
+        assert_eq!(final_state(&app, *id).await["status"], "SETTLED", "{id}");
+    }
+    app.stop().await;
+
+    let app = env.spawn(configure).await;
+    let big = post_transfer(&app, "R-A", "R-B", 6_000_000).await;
+    let v = final_state(&app, big).await;
+    assert_eq!(
+        (v["status"].as_str(), v["rejectionReason"].as_str()),
+        (Some("REJECTED"), Some("BLOCKED_BY_ANTIFRAUD")),
+        "the 22nd transfer inside the window is blocked after the restart too"
+    );
+    assert_eq!(postings_of(&env.db, big).await, 0);
+    assert_ledger_ok(&app).await;
+}
+
+fn analyzed(id: Uuid, from: &str, to: &str, amount: i64) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "eventId": Uuid::new_v4(), "transferId": id, "sourceAccount": from, "destinationAccount": to,
+        "amountCents": amount, "currency": "BRL", "score": 5, "analyzedAt": "2026-01-01T00:00:00Z"
+    }))
+    .expect("json")
+}
+
+async fn processed(db: &TestDb, id: Uuid) -> (String, Option<String>) {
+    wait_until(&format!("the ledger processes {id}"), Deadline::DEFAULT, || async {
+        let rows = db
+            .query("SELECT outcome, reason FROM processed_transfers WHERE transfer_id = $1 AND outcome <> 'PROCESSING'", &[&id])
+            .await;
+        rows.first().map(|r| (r.get::<_, String>(0), r.get::<_, Option<String>>(1))).ok_or_else(|| "not yet".to_owned())
+    })
+    .await
+}
+
+/// A `TransferAnalyzed` that disagrees with the intake's row, or arrives for a transfer
+/// that is no longer PENDING, is a business rejection with its own reason, never a
+/// posting. One the intake never saw settles on the event alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_settles_a_known_transfer_only_while_pending_and_matching() {
+    let (env, app) = spawn_app(|c| c.pipelines.antifraud = false).await;
+    create_account(&app, "K-A", 1_000_000, "BRL").await;
+    create_account(&app, "K-B", 0, "BRL").await;
+    // Without antifraud these stay PENDING until the ledger hears of them.
+    let pending = post_transfer(&app, "K-A", "K-B", 500).await;
+    let not_pending = post_transfer(&app, "K-A", "K-B", 600).await;
+    env.db
+        .execute(
+            "UPDATE transfers SET status = 'REJECTED', rejection_reason = 'BLOCKED_BY_ANTIFRAUD' WHERE id = $1",
+            &[&not_pending],
+        )
+        .await;
+    let unknown = Uuid::new_v4();
+    let p = producer(env.bootstrap());
+    for (id, amount) in [(pending, 5_000), (not_pending, 600), (unknown, 700)] {
+        produce(&p, "transfers.analyzed", None, "K-A", &analyzed(id, "K-A", "K-B", amount), &[]).await;
+    }
+    assert_eq!(processed(&env.db, pending).await, ("REJECTED".into(), Some("TRANSFER_MISMATCH".into())));
+    assert_eq!(processed(&env.db, not_pending).await, ("REJECTED".into(), Some("TRANSFER_NOT_PENDING".into())));
+    assert_eq!(processed(&env.db, unknown).await, ("SETTLED".into(), None));
+    assert_eq!(postings_of(&env.db, pending).await, 0);
+    assert_eq!(postings_of(&env.db, not_pending).await, 0);
+    let v = final_state(&app, pending).await;
+    assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("REJECTED"), Some("TRANSFER_MISMATCH")));
+    assert_eq!(balance_of(&app, "K-B").await, 700, "only the transfer the intake never saw moved money");
+    assert_ledger_ok(&app).await;
+}
+
+/// Balances and amounts have a ceiling: intake refuses past it, and a credit that would
+/// pass it is a business rejection, not an overflow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balances_and_amounts_stay_under_the_ceiling() {
+    let (env, app) = spawn_app(|_| {}).await;
+    let ceiling: i64 = 1_000_000_000_000_000; // ledger.max_balance_cents default
+    let res =
+        app.post_json("/accounts", &json!({ "id": "O-MAX", "currency": "BRL", "initialBalanceCents": i64::MAX })).await;
+    assert_error(res, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "balance past the ceiling").await;
+    assert_eq!(env.db.count("accounts").await, 0, "nothing written");
+    create_account(&app, "O-TOP", ceiling, "BRL").await;
+    create_account(&app, "O-SRC", 100, "BRL").await;
+    let res = app
+        .post_json(
+            "/transfers",
+            &json!({ "sourceAccount": "O-SRC", "destinationAccount": "O-TOP", "amountCents": ceiling + 1, "currency": "BRL" }),
+        )
+        .await;
+    assert_error(res, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "amount past the ceiling").await;
+    let id = post_transfer(&app, "O-SRC", "O-TOP", 1).await;
+    let v = final_state(&app, id).await;
+    assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("REJECTED"), Some("BALANCE_LIMIT_EXCEEDED")));
+    assert_eq!(postings_of(&env.db, id).await, 0);
+    assert_eq!(balance_of(&app, "O-TOP").await, ceiling);
+    assert_eq!(balance_of(&app, "O-SRC").await, 100);
+    assert_ledger_ok(&app).await;
+}
+
+/// A deterministic database error (here a CHECK the test adds) is poison: the batch split
+/// isolates the transfer, which goes to the DLT once, as `poison`, while the others of its
+/// batch settle. A header that cannot fit its column is ignored, not a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_errors_are_classified_by_cause() {
+    let (env, app) = spawn_app(|c| {
+        c.pipelines.antifraud = false;
+        c.ledger.retry.initial_ms = 50;
+        c.ledger.retry.max_ms = 100;
+    })
+    .await;
+    env.db.batch("ALTER TABLE postings ADD CONSTRAINT test_no_13_cents CHECK (amount_cents <> 13)").await;
+    create_account(&app, "C-A", 1_000_000, "BRL").await;
+    create_account(&app, "C-B", 0, "BRL").await;
+    let p = producer(env.bootstrap());
+    let ids: Vec<Uuid> = (10..=16).map(|_| Uuid::new_v4()).collect();
+    for (id, amount) in ids.iter().zip(10..=16) {
+        produce(&p, "transfers.analyzed", Some(0), "C-A", &analyzed(*id, "C-A", "C-B", amount), &[]).await;
+    }
+    let long_trace = format!("00-{}-{}-01-and-more", "a".repeat(32), "b".repeat(16));
+    let traced = Uuid::new_v4();
+    produce(&p, "transfers.analyzed", Some(0), "C-A", &analyzed(traced, "C-A", "C-B", 20), &[("traceparent", &long_trace)])
+        .await;
+
+    let dlt = wait_until("the 13-cent transfer in the DLT", Deadline::DEFAULT, || async {
+        let records = read_topic(env.bootstrap(), "transfers.analyzed-dlt", Deadline::secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        if records.is_empty() {
+            Err("empty".to_owned())
+        } else {
+            Ok(records)
+        }
+    })
+    .await;
+    assert_eq!(processed(&env.db, traced).await, ("SETTLED".into(), None), "an oversized traceparent is ignored");
+    for (id, amount) in ids.iter().zip(10..=16) {
+        if amount != 13 {
+            assert_eq!(processed(&env.db, *id).await, ("SETTLED".into(), None), "{amount} cents");
+        }
+    }
+    assert_eq!(dlt.len(), 1, "dead-lettered once");
+    assert_eq!(dlt[0].payload_json()["amountCents"], 13);
+    assert_eq!(dlt[0].header("dlt-exception-kind"), Some("poison"));
+    assert_eq!(dlt[0].header("dlt-attempts"), Some("1"), "not retried: it would fail the same way");
+    assert_eq!(balance_of(&app, "C-B").await, (10..=16).filter(|a| *a != 13).sum::<i64>() + 20);
+    assert_eq!(
+        env.db.scalar_i64("SELECT count(*) FROM processed_transfers WHERE transfer_id = $1", &[&ids[3]]).await,
+        0,
+        "the poison transfer left nothing behind"
+    );
+    assert_ledger_ok(&app).await;
+}
+
+/// A poison `TransferRequested` that the DLT refuses for good (too large once the dlt-*
+/// headers are added) goes to the `dead_letters` table, and the antifraud stage goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_poison_request_does_not_stop_antifraud() {
+    let (env, app) = spawn_app(|c| {
+        c.antifraud.retry.initial_ms = 50;
+        c.antifraud.retry.max_ms = 200;
+    })
+    .await;
+    create_account(&app, "Z-A", 1_000_000, "BRL").await;
+    create_account(&app, "Z-B", 0, "BRL").await;
+    let huge = vec![b'x'; 999_900];
+    let p = producer(env.bootstrap());
+    let (partition, offset) = produce(&p, "transfers.requested", None, "Z-A", &huge, &[]).await;
+    let id = post_transfer(&app, "Z-A", "Z-B", 100).await;
+    assert_eq!(final_state(&app, id).await["status"], "SETTLED", "the stage was not stopped by the refused record");
+    let rows = env
+        .db
+        .query(
+            "SELECT original_topic, original_partition, original_offset, exception_kind, octet_length(payload) \
+             FROM dead_letters",
+            &[],
+        )
+        .await;
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, i32>(1),
+            row.get::<_, i64>(2),
+            row.get::<_, String>(3),
+            row.get::<_, i32>(4)
+        ),
+        ("transfers.requested".to_owned(), partition, offset, "poison".to_owned(), 999_900)
+    );
+    let metrics = app.metrics().await;
+    assert!(metrics.contains(r#"tally_dlt_records_total{topic="dead_letters"} 1"#), "counted as dead-lettered");
+}
