@@ -9,8 +9,8 @@
 
 use serde_json::json;
 use tally_integration_tests::{
-    assert_error, assert_ledger_ok, balance_of, create_account, final_state, post_transfer, postings_of,
-    produce, producer, read_topic, spawn_app, wait_until, Deadline, KafkaRecord, TestDb, TestEnv,
+    assert_error, assert_ledger_ok, balance_of, create_account, final_state, post_transfer, postings_of, produce,
+    producer, read_topic, spawn_app, wait_until, Deadline, KafkaRecord, TestDb, TestEnv,
 };
 use uuid::Uuid;
 
@@ -113,7 +113,8 @@ async fn an_antifraud_decision_stands_when_the_transfer_is_delivered_again() {
         assert_eq!(decisions_of(&env.db, id).await, 1, "one stored decision for {id}");
     }
     let check = assert_ledger_ok(&app).await;
-    let names: Vec<&str> = check["invariants"].as_array().into_iter().flatten().filter_map(|i| i["name"].as_str()).collect();
+    let names: Vec<&str> =
+        check["invariants"].as_array().into_iter().flatten().filter_map(|i| i["name"].as_str()).collect();
     assert!(names.contains(&"status_agrees_with_postings") && names.contains(&"blocked_transfers_have_no_postings"));
 }
 
@@ -159,7 +160,10 @@ fn analyzed(id: Uuid, from: &str, to: &str, amount: i64) -> Vec<u8> {
 async fn processed(db: &TestDb, id: Uuid) -> (String, Option<String>) {
     wait_until(&format!("the ledger processes {id}"), Deadline::DEFAULT, || async {
         let rows = db
-            .query("SELECT outcome, reason FROM processed_transfers WHERE transfer_id = $1 AND outcome <> 'PROCESSING'", &[&id])
+            .query(
+                "SELECT outcome, reason FROM processed_transfers WHERE transfer_id = $1 AND outcome <> 'PROCESSING'",
+                &[&id],
+            )
             .await;
         rows.first().map(|r| (r.get::<_, String>(0), r.get::<_, Option<String>>(1))).ok_or_else(|| "not yet".to_owned())
     })
@@ -184,15 +188,27 @@ async fn the_ledger_settles_a_known_transfer_only_while_pending_and_matching() {
         )
         .await;
     let unknown = Uuid::new_v4();
+    // Blocked by antifraud, its rejection not projected (or the intake never saw it).
+    let blocked = Uuid::new_v4();
+    env.db
+        .execute(
+            "INSERT INTO antifraud_decisions (transfer_id, source_account, destination_account, amount_cents, \
+             currency, outcome, score, reason, requested_at) \
+             VALUES ($1, 'K-A', 'K-B', 800, 'BRL', 'BLOCKED', 95, 'BLOCKED_BY_ANTIFRAUD', now())",
+            &[&blocked],
+        )
+        .await;
     let p = producer(env.bootstrap());
-    for (id, amount) in [(pending, 5_000), (not_pending, 600), (unknown, 700)] {
+    for (id, amount) in [(pending, 5_000), (not_pending, 600), (unknown, 700), (blocked, 800)] {
         produce(&p, "transfers.analyzed", None, "K-A", &analyzed(id, "K-A", "K-B", amount), &[]).await;
     }
+    assert_eq!(processed(&env.db, blocked).await, ("REJECTED".into(), Some("BLOCKED_BY_ANTIFRAUD".into())));
     assert_eq!(processed(&env.db, pending).await, ("REJECTED".into(), Some("TRANSFER_MISMATCH".into())));
     assert_eq!(processed(&env.db, not_pending).await, ("REJECTED".into(), Some("TRANSFER_NOT_PENDING".into())));
     assert_eq!(processed(&env.db, unknown).await, ("SETTLED".into(), None));
     assert_eq!(postings_of(&env.db, pending).await, 0);
     assert_eq!(postings_of(&env.db, not_pending).await, 0);
+    assert_eq!(postings_of(&env.db, blocked).await, 0);
     let v = final_state(&app, pending).await;
     assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("REJECTED"), Some("TRANSFER_MISMATCH")));
     assert_eq!(balance_of(&app, "K-B").await, 700, "only the transfer the intake never saw moved money");
@@ -220,7 +236,10 @@ async fn balances_and_amounts_stay_under_the_ceiling() {
     assert_error(res, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "amount past the ceiling").await;
     let id = post_transfer(&app, "O-SRC", "O-TOP", 1).await;
     let v = final_state(&app, id).await;
-    assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("REJECTED"), Some("BALANCE_LIMIT_EXCEEDED")));
+    assert_eq!(
+        (v["status"].as_str(), v["rejectionReason"].as_str()),
+        (Some("REJECTED"), Some("BALANCE_LIMIT_EXCEEDED"))
+    );
     assert_eq!(postings_of(&env.db, id).await, 0);
     assert_eq!(balance_of(&app, "O-TOP").await, ceiling);
     assert_eq!(balance_of(&app, "O-SRC").await, 100);
@@ -248,8 +267,15 @@ async fn database_errors_are_classified_by_cause() {
     }
     let long_trace = format!("00-{}-{}-01-and-more", "a".repeat(32), "b".repeat(16));
     let traced = Uuid::new_v4();
-    produce(&p, "transfers.analyzed", Some(0), "C-A", &analyzed(traced, "C-A", "C-B", 20), &[("traceparent", &long_trace)])
-        .await;
+    produce(
+        &p,
+        "transfers.analyzed",
+        Some(0),
+        "C-A",
+        &analyzed(traced, "C-A", "C-B", 20),
+        &[("traceparent", &long_trace)],
+    )
+    .await;
 
     let dlt = wait_until("the 13-cent transfer in the DLT", Deadline::DEFAULT, || async {
         let records = read_topic(env.bootstrap(), "transfers.analyzed-dlt", Deadline::secs(5))
@@ -281,10 +307,20 @@ async fn database_errors_are_classified_by_cause() {
     assert_ledger_ok(&app).await;
 }
 
-/// A poison `TransferRequested` that the DLT refuses for good (too large once the dlt-*
-/// headers are added) goes to the `dead_letters` table, and the antifraud stage goes on.
+fn requested(id: Uuid, from: &str, to: &str, amount: i64, at: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "eventId": Uuid::new_v4(), "transferId": id, "sourceAccount": from, "destinationAccount": to,
+        "amountCents": amount, "currency": "BRL", "requestedAt": at
+    }))
+    .expect("json")
+}
+
+/// Poison `TransferRequested` records never stop the antifraud stage: one the DLT refuses
+/// for good (too large once the dlt-* headers are added) goes to the `dead_letters` table;
+/// one with a time PostgreSQL cannot store, and one that reuses a decided transfer's id to
+/// ask for another amount, go to the DLT. Transfers after them are decided as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_oversized_poison_request_does_not_stop_antifraud() {
+async fn poison_requests_do_not_stop_antifraud() {
     let (env, app) = spawn_app(|c| {
         c.antifraud.retry.initial_ms = 50;
         c.antifraud.retry.max_ms = 200;
@@ -292,11 +328,19 @@ async fn an_oversized_poison_request_does_not_stop_antifraud() {
     .await;
     create_account(&app, "Z-A", 1_000_000, "BRL").await;
     create_account(&app, "Z-B", 0, "BRL").await;
-    let huge = vec![b'x'; 999_900];
+    let decided = post_transfer(&app, "Z-A", "Z-B", 100).await;
+    assert_eq!(final_state(&app, decided).await["status"], "SETTLED");
+
     let p = producer(env.bootstrap());
+    let huge = vec![b'x'; 999_900];
     let (partition, offset) = produce(&p, "transfers.requested", None, "Z-A", &huge, &[]).await;
-    let id = post_transfer(&app, "Z-A", "Z-B", 100).await;
-    assert_eq!(final_state(&app, id).await["status"], "SETTLED", "the stage was not stopped by the refused record");
+    let ancient = requested(Uuid::new_v4(), "Z-A", "Z-B", 100, "-5000-01-01T00:00:00Z");
+    produce(&p, "transfers.requested", None, "Z-A", &ancient, &[]).await;
+    let conflicting = requested(decided, "Z-A", "Z-B", 900_000, "2026-11-30T00:00:00Z");
+    produce(&p, "transfers.requested", None, "Z-A", &conflicting, &[]).await;
+
+    let id = post_transfer(&app, "Z-A", "Z-B", 200).await;
+    assert_eq!(final_state(&app, id).await["status"], "SETTLED", "the stage goes on after the poison");
     let rows = env
         .db
         .query(
@@ -319,4 +363,16 @@ async fn an_oversized_poison_request_does_not_stop_antifraud() {
     );
     let metrics = app.metrics().await;
     assert!(metrics.contains(r#"tally_dlt_records_total{topic="dead_letters"} 1"#), "counted as dead-lettered");
+    let dlt = read_topic(env.bootstrap(), "transfers.requested-dlt", Deadline::secs(10)).await.expect("read DLT");
+    let kinds: Vec<_> =
+        dlt.iter().map(|r| (r.payload_json()["amountCents"].clone(), r.header("dlt-exception-kind"))).collect();
+    assert_eq!(kinds, vec![(json!(100), Some("poison")), (json!(900_000), Some("poison"))], "{kinds:?}");
+    let analyses = records_for(&env, "transfers.analyzed", decided, 1).await;
+    assert!(
+        analyses.iter().all(|r| r.payload_json()["amountCents"] == 100),
+        "the conflicting request was not analyzed"
+    );
+    assert_eq!(postings_of(&env.db, decided).await, 2);
+    assert_eq!(balance_of(&app, "Z-B").await, 300);
+    assert_ledger_ok(&app).await;
 }

@@ -4,15 +4,19 @@
 -- that publishes it commits, and every later delivery of the same transfer publishes it
 -- again (same event id, outcome, score and reason), so restarts, rebalances and outbox
 -- republishes never flip a decision. `requested_at` and `source_account` let a restarted
--- instance rebuild the velocity window from stored decisions.
+-- instance rebuild the velocity window from stored decisions; the destination, amount and
+-- currency let it refuse a later request under the same id that asks for something else.
 CREATE TABLE antifraud_decisions (
-    transfer_id    UUID        PRIMARY KEY,
-    source_account VARCHAR(32) NOT NULL,
-    outcome        VARCHAR(20) NOT NULL CHECK (outcome IN ('ANALYZED', 'BLOCKED')),
-    score          INTEGER     NOT NULL,
-    reason         TEXT,
-    requested_at   TIMESTAMPTZ NOT NULL,
-    decided_at     TIMESTAMPTZ NOT NULL DEFAULT now()
+    transfer_id         UUID        PRIMARY KEY,
+    source_account      VARCHAR(32) NOT NULL,
+    destination_account VARCHAR(32) NOT NULL,
+    amount_cents        BIGINT      NOT NULL,
+    currency            CHAR(3)     NOT NULL,
+    outcome             VARCHAR(20) NOT NULL CHECK (outcome IN ('ANALYZED', 'BLOCKED')),
+    score               INTEGER     NOT NULL,
+    reason              TEXT,
+    requested_at        TIMESTAMPTZ NOT NULL,
+    decided_at          TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 
 CREATE INDEX antifraud_decisions_requested ON antifraud_decisions (requested_at);

@@ -17,6 +17,11 @@ diesel::table! {
         transfer_id -> Uuid,
         #[max_length = 32]
         source_account -> Varchar,
+        #[max_length = 32]
+        destination_account -> Varchar,
+        amount_cents -> Int8,
+        #[max_length = 3]
+        currency -> Bpchar,
         #[max_length = 20]
         outcome -> Varchar,
         score -> Int4,

@@ -32,6 +32,12 @@ pub struct Decision {
     #[diesel(sql_type = Text)]
     pub source_account: String,
     #[diesel(sql_type = Text)]
+    pub destination_account: String,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    pub amount_cents: i64,
+    #[diesel(sql_type = Text)]
+    pub currency: String,
+    #[diesel(sql_type = Text)]
     pub outcome: String,
     #[diesel(sql_type = Integer)]
     pub score: i32,
@@ -47,6 +53,16 @@ impl Decision {
     #[must_use]
     pub fn blocked(&self) -> bool {
         self.outcome == BLOCKED
+    }
+
+    /// Whether `t` asks for what was decided: a request under the same transfer id with
+    /// other accounts, amount or currency does not get this decision.
+    #[must_use]
+    pub fn decides(&self, t: &TransferRequested) -> bool {
+        self.source_account == t.source_account
+            && self.destination_account == t.destination_account
+            && self.amount_cents == t.amount_cents
+            && self.currency == t.currency
     }
 }
 
@@ -72,6 +88,9 @@ pub fn decide_batch(
         let decision = Decision {
             transfer_id: t.transfer_id,
             source_account: t.source_account.clone(),
+            destination_account: t.destination_account.clone(),
+            amount_cents: t.amount_cents,
+            currency: t.currency.clone(),
             outcome: if blocked { BLOCKED } else { ANALYZED }.into(),
             score,
             reason: blocked.then(|| blocked_reason.to_owned()),
@@ -88,13 +107,18 @@ pub fn decide_batch(
 ///
 /// # Errors
 /// Any database error.
-pub async fn load(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<HashMap<Uuid, Decision>, diesel::result::Error> {
+pub async fn load(
+    conn: &mut AsyncPgConnection,
+    ids: &[Uuid],
+) -> Result<HashMap<Uuid, Decision>, diesel::result::Error> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
     Ok(diesel::sql_query(
-        "SELECT transfer_id, source_account::text AS source_account, outcome::text AS outcome, score, reason, \
-         requested_at, decided_at FROM antifraud_decisions WHERE transfer_id = ANY($1)",
+        "SELECT transfer_id, source_account::text AS source_account, \
+         destination_account::text AS destination_account, amount_cents, currency::text AS currency, \
+         outcome::text AS outcome, score, reason, requested_at, decided_at \
+         FROM antifraud_decisions WHERE transfer_id = ANY($1)",
     )
     .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
     .load::<Decision>(conn)
@@ -115,21 +139,28 @@ struct Inserted {
 ///
 /// # Errors
 /// Any database error.
-pub async fn store(conn: &mut AsyncPgConnection, decisions: &[Decision]) -> Result<HashSet<Uuid>, diesel::result::Error> {
+pub async fn store(
+    conn: &mut AsyncPgConnection,
+    decisions: &[Decision],
+) -> Result<HashSet<Uuid>, diesel::result::Error> {
     if decisions.is_empty() {
         return Ok(HashSet::new());
     }
     let ids: Vec<Uuid> = decisions.iter().map(|d| d.transfer_id).collect();
     let accounts: Vec<&str> = decisions.iter().map(|d| d.source_account.as_str()).collect();
+    let destinations: Vec<&str> = decisions.iter().map(|d| d.destination_account.as_str()).collect();
+    let amounts: Vec<i64> = decisions.iter().map(|d| d.amount_cents).collect();
+    let currencies: Vec<&str> = decisions.iter().map(|d| d.currency.as_str()).collect();
     let outcomes: Vec<&str> = decisions.iter().map(|d| d.outcome.as_str()).collect();
     let scores: Vec<i32> = decisions.iter().map(|d| d.score).collect();
     let reasons: Vec<Option<&str>> = decisions.iter().map(|d| d.reason.as_deref()).collect();
     let requested: Vec<DateTime<Utc>> = decisions.iter().map(|d| d.requested_at).collect();
     let decided: Vec<DateTime<Utc>> = decisions.iter().map(|d| d.decided_at).collect();
     Ok(diesel::sql_query(
-        "INSERT INTO antifraud_decisions (transfer_id, source_account, outcome, score, reason, requested_at, decided_at) \
-         SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::text[], $6::timestamptz[], \
-                              $7::timestamptz[]) \
+        "INSERT INTO antifraud_decisions (transfer_id, source_account, destination_account, amount_cents, currency, \
+                                          outcome, score, reason, requested_at, decided_at) \
+         SELECT * FROM unnest($1::uuid[], $2::text[], $8::text[], $9::bigint[], $10::text[], $3::text[], $4::int[], \
+                              $5::text[], $6::timestamptz[], $7::timestamptz[]) \
          ON CONFLICT (transfer_id) DO NOTHING RETURNING transfer_id",
     )
     .bind::<Array<diesel::sql_types::Uuid>, _>(&ids)
@@ -139,6 +170,9 @@ pub async fn store(conn: &mut AsyncPgConnection, decisions: &[Decision]) -> Resu
     .bind::<Array<Nullable<Text>>, _>(&reasons)
     .bind::<Array<Timestamptz>, _>(&requested)
     .bind::<Array<Timestamptz>, _>(&decided)
+    .bind::<Array<Text>, _>(&destinations)
+    .bind::<Array<diesel::sql_types::BigInt>, _>(&amounts)
+    .bind::<Array<Text>, _>(&currencies)
     .load::<Inserted>(conn)
     .await?
     .into_iter()
@@ -158,14 +192,16 @@ pub struct Recent {
 }
 
 /// Every decided transfer requested within `window` of the newest decided one (event
-/// time), oldest first: what a velocity window needs after a restart or rebalance.
+/// time, but never later than now, so one future-dated request cannot empty the window),
+/// oldest first: what a velocity window needs after a restart or rebalance.
 ///
 /// # Errors
 /// Any database error.
 pub async fn recent(conn: &mut AsyncPgConnection, window: Duration) -> Result<Vec<Recent>, diesel::result::Error> {
     diesel::sql_query(
         "SELECT source_account::text AS source_account, transfer_id, requested_at FROM antifraud_decisions \
-         WHERE requested_at >= (SELECT max(requested_at) FROM antifraud_decisions) - make_interval(secs => $1) \
+         WHERE requested_at >= LEAST((SELECT max(requested_at) FROM antifraud_decisions), now()) \
+                               - make_interval(secs => $1) \
          ORDER BY requested_at",
     )
     .bind::<diesel::sql_types::Double, _>(window.as_secs_f64())
@@ -197,6 +233,9 @@ mod tests {
         let blocked = Decision {
             transfer_id: big.transfer_id,
             source_account: "A".into(),
+            destination_account: "B".into(),
+            amount_cents: big.amount_cents,
+            currency: "BRL".into(),
             outcome: BLOCKED.into(),
             score: 95,
             reason: Some("BLOCKED_BY_ANTIFRAUD".into()),
@@ -208,6 +247,9 @@ mod tests {
         let (all, new) = decide_batch(&[&big], &stored, &mut risk, 80, "BLOCKED_BY_ANTIFRAUD", Utc::now());
         assert!(new.is_empty(), "nothing new to store");
         assert_eq!(all.get(&big.transfer_id), Some(&blocked));
+        assert!(blocked.decides(&big));
+        let other = TransferRequested { amount_cents: 9_000_000, ..big.clone() };
+        assert!(!blocked.decides(&other), "the same id asking for another amount is not this decision");
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! request, and the output record built from its stored [`Decision`], or a dead-letter
 //! record for input that cannot be decoded.
 
+use chrono::Datelike;
 use rdkafka::message::{Header, OwnedHeaders};
 use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRejected, TransferRequested};
+use tally_schema::values::is_valid_traceparent;
 use tally_schema::{headers, topics, AccountId, Currency, EventType};
 
 use super::decisions::Decision;
@@ -35,6 +37,11 @@ pub(super) fn decode(record: &Record) -> Result<TransferRequested, String> {
         .map_err(|e| format!("invalid TransferRequested: {e}"))?;
     if t.amount_cents <= 0 {
         return Err("invalid TransferRequested: amountCents must be positive".into());
+    }
+    // Far outside this range chrono and PostgreSQL disagree (or overflow): a decision for
+    // such a request could never be stored.
+    if !(1970..=9999).contains(&t.requested_at.year()) {
+        return Err("invalid TransferRequested: requestedAt must fall between the years 1970 and 9999".into());
     }
     Ok(t)
 }
@@ -83,7 +90,9 @@ pub(super) fn decided(record: &Record, t: &TransferRequested, d: &Decision, spec
     let mut hdrs = OwnedHeaders::new_with_capacity(3)
         .insert(Header { key: headers::EVENT_ID, value: Some(id.as_bytes()) })
         .insert(Header { key: headers::EVENT_TYPE, value: Some(kind.as_str().as_bytes()) });
-    if let Some(tp) = record.header(headers::TRACEPARENT) {
+    // Only a valid traceparent travels on: anything else could make the output too large
+    // to publish, or too long for the ledger's outbox column.
+    if let Some(tp) = record.header_str(headers::TRACEPARENT).filter(|tp| is_valid_traceparent(tp)) {
         hdrs = hdrs.insert(Header { key: headers::TRACEPARENT, value: Some(tp) });
     }
     Output {

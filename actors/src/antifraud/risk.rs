@@ -85,14 +85,16 @@ impl RulesRiskEngine {
             let position = times.partition_point(|(t, _)| *t <= at);
             times.insert(position, (at, transfer));
         }
-        while times.front().is_some_and(|(t, _)| *t + window < at) {
+        // Checked: a time near chrono's limits must not overflow (decode bounds the years).
+        let expired = |t: &DateTime<Utc>| t.checked_add_signed(window).is_some_and(|end| end < at);
+        while times.front().is_some_and(|(t, _)| expired(t)) {
             times.pop_front();
         }
         let n = times.iter().filter(|(t, _)| *t <= at).count();
         self.seen += 1;
         if self.seen % 10_000 == 0 {
             // Forget accounts with nothing inside the window, so memory stays bounded.
-            self.recent.retain(|_, t| t.back().is_some_and(|(last, _)| *last + window >= at));
+            self.recent.retain(|_, t| t.back().is_some_and(|(last, _)| !expired(last)));
         }
         n
     }

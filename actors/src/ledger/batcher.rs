@@ -176,20 +176,21 @@ fn settle_with_split(
         .catch_unwind()
         .await;
         let result = match attempt {
-            Ok(result) => result,
+            Ok(result) => {
+                // Back to the pool before any split, which takes connections of its own.
+                drop(conn);
+                result.map_err(|e| SettleError::of("database error", &e))
+            }
             Err(_) => {
                 // The connection may hold an open transaction: never give it back.
                 let _ = deadpool::managed::Object::take(conn);
-                let e = SettleError { class: ErrorClass::Transient, message: "settlement panicked (a bug)".into() };
-                return fail_all(e, requests.len());
+                // Split like any other failure, so the others of the batch settle.
+                Err(SettleError { class: ErrorClass::Transient, message: "settlement panicked (a bug)".into() })
             }
         };
-        drop(conn);
         match result {
             Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-            Err(e) if requests.len() == 1 || e.class() == ErrorClass::Unavailable => {
-                fail_all(SettleError::of("database error", &e), requests.len())
-            }
+            Err(e) if requests.len() == 1 || e.class() == ErrorClass::Unavailable => fail_all(e, requests.len()),
             Err(_) => {
                 let mut left = requests;
                 let right = left.split_off(left.len() / 2);

@@ -31,12 +31,13 @@ struct Count {
     n: i64,
 }
 
+/// Sums as decimal text: PostgreSQL sums BIGINT as numeric, which may pass i64.
 #[derive(QueryableByName)]
 struct Totals {
-    #[diesel(sql_type = BigInt)]
-    balance: i64,
-    #[diesel(sql_type = BigInt)]
-    opening: i64,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    balance: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    opening: String,
 }
 
 async fn count(conn: &mut AsyncPgConnection, sql: &str) -> Result<i64, diesel::result::Error> {
@@ -54,15 +55,17 @@ struct StatusCounts {
 }
 
 /// The intake's transfer status against the ledger's postings: SETTLED has exactly its
-/// debit and credit of its amount, REJECTED has none. (At most one decision per transfer
+/// debit (on the source) and credit (on the destination) of its amount, REJECTED has none. (At most one decision per transfer
 /// is the primary key of `antifraud_decisions`; a BLOCKED one must have no postings.)
 async fn status_against_postings(conn: &mut AsyncPgConnection) -> Result<StatusCounts, diesel::result::Error> {
     diesel::sql_query(
         "WITH p AS ( \
            SELECT transfer_id, count(*) AS n, \
-                  bool_and(amount_cents = t_amount) AS amounts_match, \
+                  bool_and(amount_cents = t_amount \
+                           AND account_id = CASE kind WHEN 'D' THEN t_source ELSE t_destination END) AS amounts_match, \
                   count(*) FILTER (WHERE kind = 'D') AS debits \
-           FROM (SELECT p.transfer_id, p.kind, p.amount_cents, t.amount_cents AS t_amount \
+           FROM (SELECT p.transfer_id, p.kind, p.amount_cents, p.account_id, t.amount_cents AS t_amount, \
+                        t.source_account AS t_source, t.destination_account AS t_destination \
                  FROM postings p JOIN transfers t ON t.id = p.transfer_id) x \
            GROUP BY transfer_id) \
          SELECT \
@@ -87,8 +90,8 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
         .run(|conn| {
             async move {
                 let totals: Totals = diesel::sql_query(
-                    "SELECT COALESCE(sum(balance_cents), 0)::bigint AS balance, \
-                            COALESCE(sum(opening_balance_cents), 0)::bigint AS opening FROM accounts",
+                    "SELECT COALESCE(sum(balance_cents), 0)::text AS balance, \
+                            COALESCE(sum(opening_balance_cents), 0)::text AS opening FROM accounts",
                 )
                 .get_result(conn)
                 .await?;
@@ -128,7 +131,8 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
                 let invariants = vec![
                     InvariantResult {
                         name: "money_conserved",
-                        ok: totals.balance == totals.opening,
+                        ok: totals.balance.parse::<i128>().ok() == totals.opening.parse::<i128>().ok()
+                            && totals.balance.parse::<i128>().is_ok(),
                         detail: serde_json::json!({ "totalBalanceCents": totals.balance, "totalOpeningCents": totals.opening }),
                     },
                     InvariantResult {

@@ -28,6 +28,8 @@ use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRejected,
 use tally_schema::EventType;
 use uuid::Uuid;
 
+use crate::antifraud::BLOCKED_BY_ANTIFRAUD;
+
 /// Rejection reasons of the ledger.
 pub mod reason {
     pub const ACCOUNT_NOT_FOUND: &str = "ACCOUNT_NOT_FOUND";
@@ -87,33 +89,43 @@ struct InsertedId {
     transfer_id: Uuid,
 }
 
-/// The intake's row of a transfer, when the intake knows it.
-#[derive(QueryableByName, Clone)]
+/// What tally already knows of a transfer besides the event: the intake's row (when the
+/// intake took it) and whether antifraud blocked it.
+#[derive(QueryableByName, Clone, Default)]
 struct KnownTransfer {
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     id: Uuid,
-    #[diesel(sql_type = Text)]
-    source_account: String,
-    #[diesel(sql_type = Text)]
-    destination_account: String,
-    #[diesel(sql_type = BigInt)]
-    amount_cents: i64,
-    #[diesel(sql_type = Text)]
-    currency: String,
-    #[diesel(sql_type = Text)]
-    status: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    source_account: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    destination_account: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    amount_cents: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    currency: Option<String>,
+    /// `None` when the intake never saw the transfer.
+    #[diesel(sql_type = Nullable<Text>)]
+    status: Option<String>,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    blocked: bool,
 }
 
 impl KnownTransfer {
-    /// Whether the intake's row allows settling `t`.
+    /// Whether what is known allows settling `t`: never a transfer antifraud blocked (its
+    /// rejection may not be projected yet), and a transfer the intake knows only while its
+    /// row is PENDING and matches the event.
     fn admits(&self, t: &TransferAnalyzed) -> Result<(), &'static str> {
-        if self.status != "PENDING" {
+        if self.blocked {
+            return Err(BLOCKED_BY_ANTIFRAUD);
+        }
+        let Some(status) = &self.status else { return Ok(()) };
+        if status != "PENDING" {
             return Err(reason::TRANSFER_NOT_PENDING);
         }
-        if self.source_account != t.source_account
-            || self.destination_account != t.destination_account
-            || self.amount_cents != t.amount_cents
-            || self.currency != t.currency
+        if self.source_account.as_deref() != Some(t.source_account.as_str())
+            || self.destination_account.as_deref() != Some(t.destination_account.as_str())
+            || self.amount_cents != Some(t.amount_cents)
+            || self.currency.as_deref() != Some(t.currency.as_str())
         {
             return Err(reason::TRANSFER_MISMATCH);
         }
@@ -129,8 +141,13 @@ async fn load_known(
         return Ok(HashMap::new());
     }
     Ok(diesel::sql_query(
-        "SELECT id, source_account::text AS source_account, destination_account::text AS destination_account, \
-         amount_cents, currency::text AS currency, status::text AS status FROM transfers WHERE id = ANY($1)",
+        "SELECT u.id, t.source_account::text AS source_account, t.destination_account::text AS destination_account, \
+                t.amount_cents, t.currency::text AS currency, t.status::text AS status, \
+                COALESCE(d.outcome = 'BLOCKED', false) AS blocked \
+         FROM unnest($1::uuid[]) AS u(id) \
+         LEFT JOIN transfers t ON t.id = u.id \
+         LEFT JOIN antifraud_decisions d ON d.transfer_id = u.id \
+         WHERE t.id IS NOT NULL OR d.outcome = 'BLOCKED'",
     )
     .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
     .load::<KnownTransfer>(conn)
@@ -540,16 +557,23 @@ mod tests {
         let t = transfer("A", "B", 10, "BRL");
         let row = |status: &str, amount: i64| KnownTransfer {
             id: t.transfer_id,
-            source_account: "A".into(),
-            destination_account: "B".into(),
-            amount_cents: amount,
-            currency: "BRL".into(),
-            status: status.into(),
+            source_account: Some("A".into()),
+            destination_account: Some("B".into()),
+            amount_cents: Some(amount),
+            currency: Some("BRL".into()),
+            status: Some(status.into()),
+            blocked: false,
         };
         let known = |k: KnownTransfer| HashMap::from([(k.id, k)]);
         assert_eq!(verdict(&HashMap::new(), &accounts, &t, MAX), Ok((90, 10)), "unknown to the intake");
         assert_eq!(verdict(&known(row("PENDING", 10)), &accounts, &t, MAX), Ok((90, 10)));
         assert_eq!(verdict(&known(row("REJECTED", 10)), &accounts, &t, MAX), Err(reason::TRANSFER_NOT_PENDING));
         assert_eq!(verdict(&known(row("PENDING", 11)), &accounts, &t, MAX), Err(reason::TRANSFER_MISMATCH));
+        let blocked = KnownTransfer { id: t.transfer_id, blocked: true, ..KnownTransfer::default() };
+        assert_eq!(
+            verdict(&known(blocked), &accounts, &t, MAX),
+            Err(BLOCKED_BY_ANTIFRAUD),
+            "blocked, though the intake never saw it or its rejection is not projected yet"
+        );
     }
 }

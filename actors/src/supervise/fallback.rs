@@ -44,6 +44,8 @@ pub async fn store_dead_letter(
     row: &DeadLetterRow<'_>,
 ) -> Result<bool, diesel::result::Error> {
     let origin = row.record.origin();
+    // PostgreSQL text cannot hold NUL characters; error messages may quote raw input.
+    let text = |v: &str| v.replace('\0', "\u{FFFD}");
     let inserted = diesel::sql_query(
         "INSERT INTO dead_letters (original_topic, original_partition, original_offset, original_timestamp, \
          consumer_group, exception_kind, exception_message, attempts, record_key, payload, headers, dlt_error) \
@@ -56,12 +58,12 @@ pub async fn store_dead_letter(
     .bind::<Nullable<BigInt>, _>(origin.timestamp)
     .bind::<Text, _>(row.group)
     .bind::<Text, _>(row.kind)
-    .bind::<Text, _>(row.message)
+    .bind::<Text, _>(text(row.message))
     .bind::<Integer, _>(i32::try_from(row.attempts).unwrap_or(i32::MAX))
     .bind::<Nullable<Bytea>, _>(row.record.key.as_deref())
     .bind::<Nullable<Bytea>, _>(row.record.payload.as_deref())
     .bind::<Jsonb, _>(headers_json(row.record))
-    .bind::<Text, _>(row.dlt_error)
+    .bind::<Text, _>(text(row.dlt_error))
     .execute(conn)
     .await?;
     Ok(inserted == 1)
