@@ -49,8 +49,9 @@ async fn balance(db: &TestDb, id: &str) -> i64 {
     db.scalar_i64("SELECT balance_cents FROM accounts WHERE id = $1", &[&id]).await
 }
 
+/// `GET <admin><path>` with the admin token (browsing records needs it).
 async fn get_json(app: &TestApp, path: &str) -> (StatusCode, Value) {
-    let res = app.admin_get(path).await;
+    let res = app.send(app.client.get(format!("{}{path}", app.admin_url)).bearer_auth(TOKEN)).await;
     let status = res.status();
     (status, json_body(res).await)
 }
@@ -103,7 +104,7 @@ fn error_code(body: &Value) -> &str {
 /// unknown topics (404) and bad parameters (400).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlt_listing_and_browsing_show_dead_lettered_records() {
-    let (env, app) = spawn_app(|_| {}).await;
+    let (env, app) = spawn_app(|c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
     accounts(&env.db, &[("P-A", 10_000), ("P-B", 0)]).await;
     let producer = producer(env.bootstrap());
     let (p, o1) = produce_analyzed(&producer, "P-A", b"{this is not json").await;
@@ -451,9 +452,8 @@ async fn a_replay_dry_run_reports_newer_processed_records_per_key_and_produces_n
     wait_committed_past(env.bootstrap(), p, last).await;
     wait_dlt_count(&app, 1).await;
     // Paused: a later record of the key is not processed, so it is not counted.
-    let res = app
-        .send(app.client.post(format!("{}/admin/pipelines/ledger/pause", app.admin_url)).bearer_auth(TOKEN))
-        .await;
+    let res =
+        app.send(app.client.post(format!("{}/admin/pipelines/ledger/pause", app.admin_url)).bearer_auth(TOKEN)).await;
     assert_eq!(res.status(), StatusCode::OK);
     on_p("DR-A", 40).await;
 
@@ -559,8 +559,10 @@ async fn the_dead_letters_table_is_listed_browsed_and_replayed() {
     assert_eq!(copy.payload_json(), json!({"n": 1}));
     assert_eq!(copy.header("event-type"), Some("TransferAnalyzed"));
     assert_eq!(copy.header("replayed-from"), Some(format!("dead_letters/{first}").as_str()));
-    let replayed_at =
-        env.db.scalar_i64("SELECT count(*) FROM dead_letters WHERE replayed_at IS NOT NULL AND id = $1", &[&first]).await;
+    let replayed_at = env
+        .db
+        .scalar_i64("SELECT count(*) FROM dead_letters WHERE replayed_at IS NOT NULL AND id = $1", &[&first])
+        .await;
     assert_eq!(replayed_at, 1, "the row is marked replayed");
 
     // Everything not yet replayed: only the second row.

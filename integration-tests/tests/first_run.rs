@@ -148,11 +148,8 @@ async fn secrets_appear_in_no_output_log_or_admin_response() {
     ];
     let file_arg = file.display().to_string();
 
-    let shown = Command::new(tally_binary())
-        .args(["--config", &file_arg, "config"])
-        .envs(envs)
-        .output()
-        .expect("tally config");
+    let shown =
+        Command::new(tally_binary()).args(["--config", &file_arg, "config"]).envs(envs).output().expect("tally config");
     let stdout = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.status.success(), "tally config: {stdout} {}", String::from_utf8_lossy(&shown.stderr));
     assert!(stdout.contains("webhook_url = \"http://127.0.0.1:9/hook\""), "{stdout}");
@@ -267,8 +264,14 @@ async fn tally_run_with_defaults_works_against_tally_broker() {
     assert_eq!(res.status(), StatusCode::CREATED);
     let id = json_body(res).await["id"].as_str().expect("id").to_owned();
     wait_until("the transfer settles", Deadline::DEFAULT, || async {
-        let body: Value =
-            client.get(format!("http://{intake}/transfers/{id}")).send().await.map_err(|e| e.to_string())?.json().await.map_err(|e| e.to_string())?;
+        let body: Value = client
+            .get(format!("http://{intake}/transfers/{id}"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
         if body["status"] == "SETTLED" {
             Ok(())
         } else {
@@ -298,7 +301,10 @@ async fn missing_topics_that_cannot_be_created_stop_the_start_with_their_names()
     let success = run.exited("tally run gives up").await;
     let log = run.log();
     assert!(!success, "{log}");
-    assert!(log.contains("orders.custom, orders.custom-dlt") || log.contains("orders.custom orders.custom-dlt"), "{log}");
+    assert!(
+        log.contains("orders.custom, orders.custom-dlt") || log.contains("orders.custom orders.custom-dlt"),
+        "{log}"
+    );
     assert!(!log.contains("transfers.requested,"), "only the missing topics are named: {log}");
     assert!(log.contains("kafka.create_topics"), "{log}");
 }
@@ -367,10 +373,15 @@ async fn the_body_limit_must_fit_a_kafka_record() {
     assert!(log.contains("http.body_limit_bytes") && log.contains("message.max.bytes"), "{log}");
 
     let file = tally_binary().with_file_name(format!("first-run-{}.toml", uuid::Uuid::new_v4().simple()));
-    std::fs::write(&file, "[http]\nbody_limit_bytes = 2000000\n[kafka.producer]\n\"message.max.bytes\" = \"3000000\"\n")
-        .expect("config file");
-    let shown =
-        Command::new(tally_binary()).args(["--config", &file.display().to_string(), "config"]).output().expect("config");
+    std::fs::write(
+        &file,
+        "[http]\nbody_limit_bytes = 2000000\n[kafka.producer]\n\"message.max.bytes\" = \"3000000\"\n",
+    )
+    .expect("config file");
+    let shown = Command::new(tally_binary())
+        .args(["--config", &file.display().to_string(), "config"])
+        .output()
+        .expect("config");
     assert!(shown.status.success(), "{}", String::from_utf8_lossy(&shown.stderr));
     let _ = std::fs::remove_file(&file);
 
@@ -404,9 +415,8 @@ async fn dlt_topics_have_at_least_their_sources_partitions() {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         let consumer: BaseConsumer =
             rdkafka::ClientConfig::new().set("bootstrap.servers", &bootstrap).create().expect("consumer");
-        let md = consumer
-            .fetch_metadata(Some("orders.received-dlt"), std::time::Duration::from_secs(10))
-            .expect("metadata");
+        let md =
+            consumer.fetch_metadata(Some("orders.received-dlt"), std::time::Duration::from_secs(10)).expect("metadata");
         md.topics().first().map_or(0, |t| t.partitions().len())
     })
     .await
