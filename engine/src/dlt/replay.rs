@@ -218,7 +218,6 @@ pub async fn replay(producer: &FutureProducer, planned: &[(DltRecord, Republish)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn record(headers: &[(&str, &[u8])]) -> DltRecord {
         DltRecord {
