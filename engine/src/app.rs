@@ -51,9 +51,9 @@ impl KafkaEndpoint {
         };
         let bootstrap =
             embedded.as_ref().map_or_else(|| config.kafka.brokers.clone(), |b| b.bootstrap_servers().to_owned());
-        if config.kafka.create_topics || embedded.is_some() {
-            kafka::create_topics(&config.kafka, &config.topics_to_create(), &bootstrap, embedded.as_deref()).await?;
-        }
+        let create = config.kafka.create_topics || embedded.is_some();
+        kafka::prepare_topics(&config.kafka, &kafka::topic_specs(config), &bootstrap, embedded.as_deref(), create)
+            .await?;
         Ok(Self { bootstrap, embedded })
     }
 }
@@ -160,6 +160,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         max_balance_cents: config.ledger.max_balance_cents,
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),
+        known_topics: config.topics_to_create(),
         stages,
         dlt_probe,
     });
@@ -192,8 +193,12 @@ impl Daemon {
         self.kafka.embedded.as_ref()
     }
 
-    /// Stops everything in the order of DESIGN.md §3, logging each step.
-    pub async fn shutdown(self) {
+    /// Stops everything in the order of DESIGN.md §3, logging each step, and hands back
+    /// the Kafka endpoint: the caller drops it (and with it an embedded broker) only after
+    /// the actix `System` has stopped, because actors still hold Kafka clients until then
+    /// and a broker that stops before its clients makes them log `AllBrokersDown` errors.
+    #[must_use = "drop the endpoint after the actix System has stopped"]
+    pub async fn shutdown(self) -> KafkaEndpoint {
         info!("Shutdown: stopping intake (no new requests).");
         self.intake.stop(true).await;
         info!(
@@ -223,11 +228,19 @@ impl Daemon {
         for server in self.servers {
             let _ = server.await;
         }
-        if self.kafka.embedded.is_some() {
-            info!("Shutdown: stopping the embedded broker.");
-        }
-        drop(self.kafka);
         info!("Shutdown complete.");
+        self.kafka
+    }
+}
+
+/// Drops `endpoint` once the actix `System` that used it is gone: its embedded broker (if
+/// this was the last user of it) stops after every client.
+pub fn stop_embedded_broker(endpoint: Option<KafkaEndpoint>) {
+    if let Some(broker) = endpoint.and_then(|e| e.embedded) {
+        if Arc::strong_count(&broker) == 1 {
+            info!("Stopping the embedded broker.");
+        }
+        drop(broker);
     }
 }
 
@@ -277,7 +290,7 @@ pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Res
         .name("tally-daemon".into())
         .spawn(move || {
             let system = actix::System::new();
-            system.block_on(async move {
+            let endpoint = system.block_on(async move {
                 let started = async {
                     let kafka = KafkaEndpoint::prepare(&config, broker).await?;
                     start(config, kafka, expected).await
@@ -288,13 +301,16 @@ pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Res
                         let _ =
                             ready_tx.send(Ok((daemon.intake_addr, daemon.admin_addr, daemon.kafka.bootstrap.clone())));
                         let _ = stop_rx.await;
-                        daemon.shutdown().await;
+                        Some(daemon.shutdown().await)
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
+                        None
                     }
                 }
             });
+            drop(system);
+            stop_embedded_broker(endpoint);
         })
         .context("cannot start the daemon thread")?;
     let (intake_addr, admin_addr, bootstrap) =

@@ -24,12 +24,15 @@ pub enum ConfigError {
     MissingFile(String),
 }
 
-/// A secret value: `Debug` prints `<redacted>`. It serialises in clear only because
-/// figment layers defaults through `Serialize`; the one place that prints configuration,
-/// [`Config::to_redacted_toml`], redacts every secret explicitly.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A secret value (a token, a key): it prints itself as `<redacted>` in `Debug`, `Display`
+/// and `Serialize` (so `tally config` and logs never show it), and as an empty string when
+/// unset. Only [`Secret::expose`] gives the value, where it is used.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(String);
+
+/// What a set secret prints as.
+pub const REDACTED: &str = "<redacted>";
 
 impl Secret {
     #[must_use]
@@ -47,11 +50,132 @@ impl Secret {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+
+    fn shown(&self) -> &'static str {
+        if self.0.is_empty() {
+            ""
+        } else {
+            REDACTED
+        }
+    }
 }
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
+        write!(f, "Secret({})", self.shown())
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.shown())
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.shown())
+    }
+}
+
+/// A connection URL that may hold a password (`user:password@`, `?password=`): it prints
+/// itself (`Debug`, `Display`, `Serialize`) with the password replaced by `<redacted>`.
+/// Only [`SecretUrl::expose`] gives the URL as configured.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    #[must_use]
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The URL with its password. Call it only where the connection is made.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with any password replaced by `<redacted>`.
+    #[must_use]
+    pub fn redacted(&self) -> String {
+        redact_url_password(&self.0)
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretUrl({})", self.redacted())
+    }
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl Serialize for SecretUrl {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.redacted())
+    }
+}
+
+/// librdkafka properties passed through to a client. Values of properties that hold
+/// credentials (`sasl.password`, `ssl.key.password`, `ssl.key.pem`, `*.secret`, JAAS and
+/// OAuth configs, ...) print as `<redacted>` in `Debug` and `Serialize`.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct ClientProperties(BTreeMap<String, String>);
+
+impl ClientProperties {
+    /// Whether librdkafka property `key` holds a credential.
+    #[must_use]
+    pub fn is_secret_key(key: &str) -> bool {
+        let key = key.to_ascii_lowercase();
+        ["password", "secret", "ssl.key.pem", "sasl.jaas.config", "sasl.oauthbearer.config", "token"]
+            .iter()
+            .any(|part| key.contains(part))
+    }
+
+    fn shown(&self) -> BTreeMap<&str, &str> {
+        self.0.iter().map(|(k, v)| (k.as_str(), if Self::is_secret_key(k) { REDACTED } else { v.as_str() })).collect()
+    }
+}
+
+impl std::ops::Deref for ClientProperties {
+    type Target = BTreeMap<String, String>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ClientProperties {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl<'a> IntoIterator for &'a ClientProperties {
+    type Item = (&'a String, &'a String);
+    type IntoIter = std::collections::btree_map::Iter<'a, String, String>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl fmt::Debug for ClientProperties {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.shown()).finish()
+    }
+}
+
+impl Serialize for ClientProperties {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.shown().serialize(serializer)
     }
 }
 
@@ -75,8 +199,8 @@ pub struct Config {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
-    /// PostgreSQL URL. The database is created if missing.
-    pub url: Secret,
+    /// PostgreSQL URL. The database is created if missing. Its password never prints.
+    pub url: SecretUrl,
     pub pool_size: usize,
     pub statement_timeout_ms: u64,
     pub connect_timeout_ms: u64,
@@ -91,13 +215,22 @@ pub struct KafkaConfig {
     pub embedded_brokers: i32,
     pub partitions: i32,
     pub replication_factor: i32,
-    /// Create missing topics (and their `-dlt` twins) when the daemon starts.
+    /// Create missing topics (and their `-dlt` twins) when the daemon starts. Topics are
+    /// looked up first; only missing ones are created. Off: missing topics are reported.
     pub create_topics: bool,
+    /// Bound of the topic lookup and of topic creation at start.
+    pub admin_timeout_ms: u64,
+    /// `retention.ms` of every topic tally creates (default 7 days; -1: keep forever).
+    pub retention_ms: i64,
+    /// Topic-level configs per topic name, applied when tally creates that topic, over
+    /// the defaults (`min.insync.replicas = min(2, replication_factor)`, `retention.ms`).
+    /// E.g. `[kafka.topic_configs."transfers.requested-dlt"]` `"retention.ms" = "-1"`.
+    pub topic_configs: BTreeMap<String, BTreeMap<String, String>>,
     pub topics: TopicsConfig,
     /// librdkafka properties passed through to every producer.
-    pub producer: BTreeMap<String, String>,
+    pub producer: ClientProperties,
     /// librdkafka properties passed through to every consumer.
-    pub consumer: BTreeMap<String, String>,
+    pub consumer: ClientProperties,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -115,7 +248,8 @@ pub struct TopicsConfig {
 pub struct HttpConfig {
     pub intake_addr: SocketAddr,
     pub admin_addr: SocketAddr,
-    /// Bearer token for state-changing admin endpoints. Empty: those endpoints are refused.
+    /// Bearer token of the admin endpoints that show record contents or change state.
+    /// Empty: those endpoints are refused.
     pub admin_token: Secret,
     pub body_limit_bytes: usize,
     pub workers: usize,
@@ -296,7 +430,7 @@ pub struct LogConfig {
 impl Default for DatabaseConfig {
     fn default() -> Self {
         Self {
-            url: Secret::new("postgres://postgres@127.0.0.1:5432/tally"),
+            url: SecretUrl::new("postgres://postgres@127.0.0.1:5432/tally"),
             pool_size: 16,
             statement_timeout_ms: 10_000,
             connect_timeout_ms: 5_000,
@@ -312,9 +446,12 @@ impl Default for KafkaConfig {
             partitions: 12,
             replication_factor: 1,
             create_topics: true,
+            admin_timeout_ms: 10_000,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            topic_configs: BTreeMap::new(),
             topics: TopicsConfig::default(),
-            producer: BTreeMap::new(),
-            consumer: BTreeMap::new(),
+            producer: ClientProperties::default(),
+            consumer: ClientProperties::default(),
         }
     }
 }
@@ -518,6 +655,16 @@ impl KafkaConfig {
     pub fn is_embedded(&self) -> bool {
         self.brokers == "embedded"
     }
+
+    /// The producers' `message.max.bytes` (librdkafka's default unless passed through);
+    /// `None` when the configured value is not a positive integer.
+    #[must_use]
+    pub fn max_message_bytes(&self) -> Option<usize> {
+        match self.producer.get("message.max.bytes") {
+            None => Some(DEFAULT_MESSAGE_MAX_BYTES),
+            Some(v) => v.trim().parse::<usize>().ok().filter(|n| *n > 0),
+        }
+    }
 }
 
 impl OutboxConfig {
@@ -593,6 +740,16 @@ impl Config {
                 "must be at least 1 and, for the embedded broker, at most kafka.embedded_brokers",
             );
         }
+        if !(1_000..=300_000).contains(&self.kafka.admin_timeout_ms) {
+            return invalid("kafka.admin_timeout_ms", "must be between 1000 and 300000");
+        }
+        if self.kafka.retention_ms != -1 && self.kafka.retention_ms < 60_000 {
+            return invalid("kafka.retention_ms", "must be -1 (keep forever) or at least 60000 (one minute)");
+        }
+        let created = self.topics_to_create();
+        if let Some(unknown) = self.kafka.topic_configs.keys().find(|t| !created.contains(t)) {
+            return invalid("kafka.topic_configs", format!("names {unknown}, which is not a topic tally creates"));
+        }
         let topics = self.kafka.topics.all();
         if topics.iter().any(|t| !valid_topic_name(t)) {
             return invalid("kafka.topics", "names must be 1..=200 characters of [a-zA-Z0-9._-]");
@@ -608,6 +765,21 @@ impl Config {
         }
         if !(1..=16 * 1024 * 1024).contains(&self.http.body_limit_bytes) {
             return invalid("http.body_limit_bytes", "must be between 1 and 16777216");
+        }
+        let Some(max_message) = self.kafka.max_message_bytes() else {
+            return invalid("kafka.producer", "\"message.max.bytes\" must be a positive integer");
+        };
+        if self.http.body_limit_bytes.saturating_add(RECORD_OVERHEAD_BYTES) > max_message {
+            return invalid(
+                "http.body_limit_bytes",
+                format!(
+                    "is {} bytes: a record built from such a body (plus {RECORD_OVERHEAD_BYTES} bytes of event \
+                     fields and headers) would exceed the producer's message.max.bytes ({max_message}); lower \
+                     http.body_limit_bytes or raise kafka.producer.\"message.max.bytes\" (and the topics' \
+                     max.message.bytes)",
+                    self.http.body_limit_bytes
+                ),
+            );
         }
         if !(1..=64).contains(&self.http.workers) {
             return invalid("http.workers", "must be between 1 and 64");
@@ -721,25 +893,46 @@ impl Config {
         Ok(())
     }
 
-    /// The effective configuration as TOML, secrets redacted (`tally config`).
+    /// The effective configuration as TOML (`tally config`). Every secret type prints
+    /// itself redacted, so nothing here needs to know which fields are secret.
     #[must_use]
     pub fn to_redacted_toml(&self) -> String {
-        let mut shown = self.clone();
-        shown.database.url = Secret(redact_url_password(self.database.url.expose()));
-        if !shown.http.admin_token.is_empty() {
-            shown.http.admin_token = Secret::new("<redacted>");
-        }
-        toml::to_string_pretty(&shown).unwrap_or_else(|e| format!("# cannot render: {e}"))
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
 }
 
+/// Bytes a record adds to the request body it is built from: the event's own fields (ids,
+/// timestamps, score), its headers (`event-id`, `event-type`, `traceparent`) and Kafka's
+/// record framing, with room to spare.
+pub const RECORD_OVERHEAD_BYTES: usize = 4 * 1024;
+
+/// librdkafka's default `message.max.bytes`.
+const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
 fn redact_url_password(url: &str) -> String {
     // postgres://user:password@host/db -> postgres://user:<redacted>@host/db
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let Some((userinfo, host)) = rest.split_once('@') else { return url.to_owned() };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}"),
-        None => url.to_owned(),
+    let mut shown = url.to_owned();
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            if let Some((user, _)) = rest[..at].split_once(':') {
+                shown = format!("{scheme}://{user}:{REDACTED}{}", &rest[at..]);
+            }
+        }
+    }
+    // ...?password=secret&... -> ...?password=<redacted>&...
+    match shown.split_once('?') {
+        Some((base, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}={REDACTED}"),
+                    _ => p.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", params.join("&"))
+        }
+        None => shown,
     }
 }
 
@@ -816,11 +1009,50 @@ mod tests {
     fn secrets_never_print() {
         let mut c = Config::default();
         c.http.admin_token = Secret::new("s3cret-token");
-        c.database.url = Secret::new("postgres://app:hunter2@db:5432/tally");
+        c.database.url = SecretUrl::new("postgres://app:hunter2@db:5432/tally?sslmode=require&password=hunter3");
+        c.notifications.webhook_secret = Secret::new("s3cret-hook");
+        c.kafka.producer.insert("sasl.password".into(), "s3cret-sasl".into());
+        c.kafka.consumer.insert("ssl.key.pem".into(), "s3cret-pem".into());
+        c.kafka.producer.insert("linger.ms".into(), "7".into());
         let shown = c.to_redacted_toml();
-        assert!(!shown.contains("s3cret-token"), "{shown}");
-        assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(shown.contains("postgres://app:<redacted>@db:5432/tally"), "{shown}");
-        assert!(!format!("{c:?}").contains("s3cret-token"));
+        let debug = format!("{c:?}");
+        for secret in ["s3cret", "hunter2", "hunter3"] {
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(!debug.contains(secret), "{debug}");
+        }
+        assert!(
+            shown.contains("postgres://app:<redacted>@db:5432/tally?sslmode=require&password=<redacted>"),
+            "{shown}"
+        );
+        assert!(shown.contains("\"linger.ms\" = \"7\""), "{shown}");
+        assert_eq!(c.notifications.webhook_secret.to_string(), "<redacted>");
+        assert_eq!(Secret::default().to_string(), "", "an unset secret shows as unset");
+    }
+
+    #[test]
+    fn defaults_survive_the_redacting_serialisation() {
+        // Figment layers the defaults through `Serialize`: an unset secret stays unset and a
+        // URL without a password stays usable.
+        let c = with("").unwrap();
+        assert!(c.http.admin_token.is_empty());
+        assert_eq!(c.database.url.expose(), "postgres://postgres@127.0.0.1:5432/tally");
+    }
+
+    #[test]
+    fn the_body_limit_must_fit_a_record() {
+        let e = with("[http]\nbody_limit_bytes = 2000000").unwrap_err().to_string();
+        assert!(e.contains("http.body_limit_bytes") && e.contains("message.max.bytes"), "{e}");
+        with("[http]\nbody_limit_bytes = 2000000\n[kafka.producer]\n\"message.max.bytes\" = \"3000000\"").unwrap();
+        let e = with("[kafka.producer]\n\"message.max.bytes\" = \"lots\"").unwrap_err().to_string();
+        assert!(e.contains("kafka.producer"), "{e}");
+    }
+
+    #[test]
+    fn topic_configs_name_known_topics() {
+        with("[kafka.topic_configs.\"transfers.requested-dlt\"]\n\"retention.ms\" = \"-1\"").unwrap();
+        let e = with("[kafka.topic_configs.\"nope\"]\n\"retention.ms\" = \"1\"").unwrap_err().to_string();
+        assert!(e.contains("kafka.topic_configs") && e.contains("nope"), "{e}");
+        let e = with("[kafka]\nretention_ms = 5").unwrap_err().to_string();
+        assert!(e.contains("kafka.retention_ms"), "{e}");
     }
 }

@@ -162,14 +162,17 @@ fn run(config: Config) -> anyhow::Result<()> {
         format!("cannot prepare the database at {}", database::redact(config.database.url.expose()))
     })?;
     let system = actix::System::new();
-    system.block_on(async move {
+    let endpoint = system.block_on(async move {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
         let daemon = app::start(config, kafka, expected).await?;
         info!(intake = %daemon.intake_addr, admin = %daemon.admin_addr, "tally is running; stop with Ctrl-C or SIGTERM.");
         wait_for_signal().await;
-        daemon.shutdown().await;
-        Ok(())
-    })
+        anyhow::Ok(daemon.shutdown().await)
+    })?;
+    // Actors hold Kafka clients until the System is gone; the embedded broker goes last.
+    drop(system);
+    app::stop_embedded_broker(Some(endpoint));
+    Ok(())
 }
 
 fn migrate(config: &Config) -> anyhow::Result<()> {
@@ -189,11 +192,12 @@ fn topics_create(config: &Config) -> anyhow::Result<()> {
              Set kafka.brokers (or TALLY__KAFKA__BROKERS) to a cluster's bootstrap list."
         );
     }
-    runtime()?.block_on(kafka::create_topics(
+    runtime()?.block_on(kafka::prepare_topics(
         &config.kafka,
-        &config.topics_to_create(),
+        &kafka::topic_specs(config),
         &config.kafka.brokers,
         None,
+        true,
     ))?;
     println!("Topics ready: {}", config.topics_to_create().join(", "));
     Ok(())
@@ -204,10 +208,11 @@ fn run_broker(config: &Config, listen: SocketAddr) -> anyhow::Result<()> {
         let fixed = listen.port() != 0;
         let broker = Arc::new(EmbeddedBroker::start(if fixed { 1 } else { config.kafka.embedded_brokers })?);
         let replication = if fixed { 1 } else { config.kafka.replication_factor };
-        let mut kafka_config = config.kafka.clone();
-        kafka_config.replication_factor = replication;
-        kafka::create_topics(&kafka_config, &config.topics_to_create(), broker.bootstrap_servers(), Some(&broker))
-            .await?;
+        let mut specs = kafka::topic_specs(config);
+        for spec in &mut specs {
+            spec.replication_factor = replication;
+        }
+        kafka::prepare_topics(&config.kafka, &specs, broker.bootstrap_servers(), Some(&broker), true).await?;
         let forwarder = if fixed { Some(broker.serve_fixed(listen).await?) } else { None };
         let bootstrap = if fixed { listen.to_string() } else { broker.bootstrap_servers().to_owned() };
         broker::announce(&broker);

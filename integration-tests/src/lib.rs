@@ -37,7 +37,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tally_engine::broker::EmbeddedBroker;
-use tally_engine::config::Secret;
+use tally_engine::config::SecretUrl;
 use tally_engine::{Config, DaemonHandle};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};
@@ -292,7 +292,7 @@ impl TestEnv {
     #[must_use]
     pub fn config(&self) -> Config {
         let mut c = Config::default();
-        c.database.url = Secret::new(self.db.url());
+        c.database.url = SecretUrl::new(self.db.url());
         c.database.pool_size = 4;
         c.kafka.embedded_brokers = self.broker.broker_count();
         c.http.intake_addr = ([127, 0, 0, 1], 0).into();

@@ -49,8 +49,9 @@ async fn balance(db: &TestDb, id: &str) -> i64 {
     db.scalar_i64("SELECT balance_cents FROM accounts WHERE id = $1", &[&id]).await
 }
 
+/// `GET <admin><path>` with the admin token (browsing records needs it).
 async fn get_json(app: &TestApp, path: &str) -> (StatusCode, Value) {
-    let res = app.admin_get(path).await;
+    let res = app.send(app.client.get(format!("{}{path}", app.admin_url)).bearer_auth(TOKEN)).await;
     let status = res.status();
     (status, json_body(res).await)
 }
@@ -103,7 +104,7 @@ fn error_code(body: &Value) -> &str {
 /// unknown topics (404) and bad parameters (400).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlt_listing_and_browsing_show_dead_lettered_records() {
-    let (env, app) = spawn_app(|_| {}).await;
+    let (env, app) = spawn_app(|c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
     accounts(&env.db, &[("P-A", 10_000), ("P-B", 0)]).await;
     let producer = producer(env.bootstrap());
     let (p, o1) = produce_analyzed(&producer, "P-A", b"{this is not json").await;
@@ -415,4 +416,163 @@ async fn replay_selects_by_partition_offsets_and_key() {
     assert_eq!(copies.len(), 7, "nothing replayed");
     let metrics = app.metrics().await;
     assert_eq!(metric_value(&metrics, r#"tally_dlt_replayed_total{topic="transfers.analyzed-dlt"}"#), Some(7.0));
+}
+
+async fn replay_query(app: &TestApp, topic: &str, query: &str, body: Option<Value>) -> (StatusCode, Value) {
+    let mut req = app.client.post(format!("{}/admin/dlt/{topic}/replay{query}", app.admin_url)).bearer_auth(TOKEN);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let res = app.send(req).await;
+    let status = res.status();
+    (status, json_body(res).await)
+}
+
+/// A dry run reports what a replay would republish and, per key, how many newer records
+/// of that key the consumer group already processed (the replayed copy is applied after
+/// them); it produces nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_dry_run_reports_newer_processed_records_per_key_and_produces_nothing() {
+    let (env, app) = spawn_app(|c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
+    accounts(&env.db, &[("DR-A", 10_000), ("DR-B", 10_000), ("DR-Z", 0)]).await;
+    let producer = producer(env.bootstrap());
+    let (p, poison) = produce_analyzed(&producer, "DR-A", b"{not json").await;
+    let on_p = |key: &'static str, amount: i64| {
+        let producer = producer.clone();
+        async move {
+            let event = analyzed(Uuid::new_v4(), key, "DR-Z", amount);
+            harness::produce_event(&producer, ANALYZED, Some(p), key, event.to_string().as_bytes(), "TransferAnalyzed")
+                .await
+                .1
+        }
+    };
+    on_p("DR-A", 10).await;
+    on_p("DR-B", 20).await;
+    let last = on_p("DR-A", 30).await;
+    wait_committed_past(env.bootstrap(), p, last).await;
+    wait_dlt_count(&app, 1).await;
+    // Paused: a later record of the key is not processed, so it is not counted.
+    let res =
+        app.send(app.client.post(format!("{}/admin/pipelines/ledger/pause", app.admin_url)).bearer_auth(TOKEN)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    on_p("DR-A", 40).await;
+
+    let (status, body) = replay_query(&app, DLT, "?dryRun=true", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["dryRun"], true, "{body}");
+    assert_eq!(body["replayed"], 0, "{body}");
+    assert_eq!(body["wouldReplay"], 1, "{body}");
+    let record = &body["records"][0];
+    assert_eq!(record["originalTopic"], ANALYZED, "{body}");
+    assert_eq!(record["originalPartition"], p, "{body}");
+    assert_eq!(record["originalOffset"], poison, "{body}");
+    assert_eq!(record["key"], "DR-A", "{body}");
+    assert_eq!(record["newerProcessedOfKey"], 2, "{body}");
+    assert_eq!(
+        body["keys"],
+        json!([{"originalTopic": ANALYZED, "originalPartition": p, "key": "DR-A", "records": 1,
+                "newerProcessed": 2, "consumerGroup": GROUP, "committedOffset": last + 1}]),
+        "{body}"
+    );
+    let copies = read_topic(env.bootstrap(), ANALYZED, Deadline::secs(30)).await.expect("read");
+    assert!(copies.iter().all(|c| c.header("replayed-from").is_none()), "a dry run produces nothing");
+    let (status, body) = replay_query(&app, DLT, "?dryRun=false", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["replayed"], 1, "{body}");
+    let (status, body) = replay_query(&app, DLT, "?dryRun=maybe", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+/// Rows as `store_dead_letter` writes them (the durable fallback of the DLT topics).
+async fn insert_dead_letter(db: &TestDb, partition: i32, offset: i64, key: &str, payload: &Value) -> i64 {
+    let headers = json!([{"key": "event-type", "value": "VHJhbnNmZXJBbmFseXplZA=="}, {"key": "empty", "value": null}]);
+    let row = db
+        .query(
+            "INSERT INTO dead_letters (original_topic, original_partition, original_offset, original_timestamp, \
+             consumer_group, exception_kind, exception_message, attempts, record_key, payload, headers, dlt_error) \
+             VALUES ($1, $2, $3, 1700000000000, $4, 'poison', 'undecodable', 1, $5, $6, $7::text::jsonb, 'Broker: Message size too large') \
+             RETURNING id",
+            &[&ANALYZED, &partition, &offset, &GROUP, &key.as_bytes(), &payload.to_string().into_bytes(), &headers.to_string()],
+        )
+        .await;
+    row[0].get(0)
+}
+
+/// The `dead_letters` table is listed, browsed and replayed like the DLT topics, at
+/// `/admin/dlt/dead_letters`: a replay produces to the original topic and partition with
+/// `replayed-from: dead_letters/<id>` and marks the row replayed; replayed rows are left
+/// out of later replays unless asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letters_table_is_listed_browsed_and_replayed() {
+    let (env, app) = spawn_app(|c| {
+        c.pipelines.ledger = false;
+        c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
+    })
+    .await;
+    let first = insert_dead_letter(&env.db, 3, 41, "DL-1", &json!({"n": 1})).await;
+    let second = insert_dead_letter(&env.db, 5, 42, "DL-2", &json!({"n": 2})).await;
+
+    let (status, listing) = get_json(&app, "/admin/dlt").await;
+    assert_eq!(status, StatusCode::OK, "{listing}");
+    assert_eq!(
+        listing["deadLetters"],
+        json!({"table": "dead_letters", "records": 2, "notReplayed": 2,
+               "byTopic": [{"originalTopic": ANALYZED, "records": 2, "notReplayed": 2}]}),
+        "{listing}"
+    );
+
+    let res = app.send(app.client.get(format!("{}/admin/dlt/dead_letters", app.admin_url)).bearer_auth(TOKEN)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let page = json_body(res).await;
+    assert_eq!(page["count"], 2, "{page}");
+    let r = &page["records"][0];
+    assert_eq!(r["id"], first, "{page}");
+    assert_eq!(r["key"], "DL-1");
+    assert_eq!(r["payload"], json!({"n": 1}));
+    assert_eq!(r["payloadEncoding"], "json");
+    assert_eq!(r["dlt"]["originalTopic"], ANALYZED);
+    assert_eq!(r["dlt"]["originalPartition"], 3);
+    assert_eq!(r["dlt"]["originalOffset"], 41);
+    assert_eq!(r["dlt"]["exceptionKind"], "poison");
+    assert_eq!(r["dlt"]["consumerGroup"], GROUP);
+    assert_eq!(r["dltError"], "Broker: Message size too large");
+    assert_eq!(r["replayedAt"], Value::Null);
+    assert_eq!(r["headers"][0], json!({"key": "event-type", "value": "TransferAnalyzed", "encoding": "utf8"}));
+    let res = app
+        .send(app.client.get(format!("{}/admin/dlt/dead_letters?after={first}", app.admin_url)).bearer_auth(TOKEN))
+        .await;
+    let page = json_body(res).await;
+    assert_eq!(page["records"].as_array().map(Vec::len), Some(1), "{page}");
+    assert_eq!(page["records"][0]["id"], second);
+
+    let (status, body) = replay_query(&app, "dead_letters", "?dryRun=true", Some(json!({"ids": [first]}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["wouldReplay"], 1, "{body}");
+    let (status, body) = replay_query(&app, "dead_letters", "", Some(json!({"ids": [first]}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["replayed"], 1, "{body}");
+    assert_eq!(body["records"][0]["id"], first, "{body}");
+    let copies = read_topic(env.bootstrap(), ANALYZED, Deadline::secs(30)).await.expect("read");
+    assert_eq!(copies.len(), 1);
+    let copy = &copies[0];
+    assert_eq!(copy.partition, 3, "the original partition");
+    assert_eq!(copy.payload_json(), json!({"n": 1}));
+    assert_eq!(copy.header("event-type"), Some("TransferAnalyzed"));
+    assert_eq!(copy.header("replayed-from"), Some(format!("dead_letters/{first}").as_str()));
+    let replayed_at = env
+        .db
+        .scalar_i64("SELECT count(*) FROM dead_letters WHERE replayed_at IS NOT NULL AND id = $1", &[&first])
+        .await;
+    assert_eq!(replayed_at, 1, "the row is marked replayed");
+
+    // Everything not yet replayed: only the second row.
+    let (status, body) = replay_query(&app, "dead_letters", "", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["replayed"], 1, "{body}");
+    assert_eq!(body["records"][0]["id"], second, "{body}");
+    let (_, listing) = get_json(&app, "/admin/dlt").await;
+    assert_eq!(listing["deadLetters"]["notReplayed"], 0, "{listing}");
+    let (status, body) = replay_query(&app, "dead_letters", "", Some(json!({"includeReplayed": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["replayed"], 2, "{body}");
 }

@@ -92,6 +92,8 @@ struct AntifraudContext {
     revoked: Mutex<Vec<(String, i32)>>,
     /// Set on every assignment: the velocity window must be rebuilt before scoring.
     assigned: AtomicBool,
+    /// The group gave this stage an assignment at least once (for `/readyz`).
+    received_assignment: AtomicBool,
     stats: Mutex<StatsView>,
 }
 
@@ -113,6 +115,7 @@ impl ConsumerContext for AntifraudContext {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             self.assigned.store(true, Ordering::Relaxed);
+            self.received_assignment.store(true, Ordering::Relaxed);
             info!(pipeline = PIPELINE, partitions = tpl.count(), "Partitions assigned.");
         }
     }
@@ -152,6 +155,7 @@ impl Antifraud {
             topics: vec![spec.input.clone()],
             revoked: Mutex::default(),
             assigned: AtomicBool::new(false),
+            received_assignment: AtomicBool::new(false),
             stats: Mutex::default(),
         };
         let status = Arc::new(Mutex::new(PipelineStatus {
@@ -475,7 +479,9 @@ fn publish_status(consumer: &BaseConsumer<AntifraudContext>, status: &Mutex<Pipe
                 .collect()
         })
         .unwrap_or_default();
-    status.lock().unwrap_or_else(PoisonError::into_inner).partitions = partitions;
+    let mut status = status.lock().unwrap_or_else(PoisonError::into_inner);
+    status.partitions = partitions;
+    status.assigned = consumer.context().received_assignment.load(Ordering::Relaxed);
 }
 
 /// Polls until `max_batch` records or `max_batch_wait` after the first one.

@@ -103,6 +103,8 @@ pub struct PipelineStatus {
     pub group: String,
     pub topics: Vec<String>,
     pub paused: bool,
+    /// The group gave this pipeline its first partition assignment (possibly empty).
+    pub assigned: bool,
     pub partitions: Vec<PartitionStatus>,
     /// Keys whose record is waiting in blocking retry.
     pub keys_in_retry: usize,
@@ -299,6 +301,7 @@ impl ConsumerContext for DriverContext {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 self.shared.assign(tpl);
+                self.shared.status.lock().unwrap_or_else(PoisonError::into_inner).assigned = true;
                 // librdkafka keeps an application pause across re-assignment: a partition
                 // held (backpressure, a not-yet-due record) when it was revoked would stay
                 // paused. New slots start unheld, so resume them, unless the pipeline is

@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 
 use super::{account, connect as db, fresh_database, peak_rss_mib, quantile, wait_for_zero, write_report, Progress};
 use crate::broker::EmbeddedBroker;
-use crate::config::{Config, Secret};
+use crate::config::{Config, SecretUrl};
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -67,7 +67,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     let url = runtime.block_on(fresh_database(base, "tally_bench_e2e", args.accounts))?;
     let broker = Arc::new(EmbeddedBroker::start(1)?);
     let mut config = base.clone();
-    config.database.url = Secret::new(url.clone());
+    config.database.url = SecretUrl::new(url.clone());
     config.kafka.brokers = "embedded".into();
     config.kafka.embedded_brokers = 1;
     config.kafka.replication_factor = 1;

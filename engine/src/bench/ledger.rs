@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::{fresh_database, histogram_quantile, http_get, metric_sum, peak_rss_mib, write_report, Progress};
 use crate::broker::EmbeddedBroker;
-use crate::config::{Config, LedgerMode, LogFormat, Secret};
+use crate::config::{Config, LedgerMode, LogFormat, SecretUrl};
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -183,7 +183,7 @@ fn run_once(
         runtime.block_on(fresh_database(base, &format!("tally_bench_{}", label.replace('-', "_")), args.accounts))?;
 
     let mut config = base.clone();
-    config.database.url = Secret::new(url);
+    config.database.url = SecretUrl::new(url);
     config.database.pool_size = config.database.pool_size.max(16);
     config.kafka.brokers = "embedded".into();
     config.kafka.partitions = args.partitions;

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::{account, connect as db, fresh_database, quantile, wait_for_zero, write_report};
 use crate::broker::EmbeddedBroker;
-use crate::config::{Config, Secret};
+use crate::config::{Config, SecretUrl};
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -130,7 +130,7 @@ fn run_mode(
         anyhow::Ok(())
     })?;
     let mut config = base.clone();
-    config.database.url = Secret::new(url.clone());
+    config.database.url = SecretUrl::new(url.clone());
     config.kafka.brokers = "embedded".into();
     config.kafka.embedded_brokers = 1;
     config.kafka.replication_factor = 1;

@@ -2,6 +2,7 @@
 //! metrics, operations). Both answer errors as JSON and count requests per route.
 
 pub mod admin;
+mod admin_dlt;
 pub mod auth;
 pub mod error;
 pub mod intake;
@@ -36,6 +37,9 @@ pub struct AppState {
     /// Kafka bootstrap servers and settings, for admin operations (DLT browsing, replay).
     pub bootstrap: String,
     pub kafka: crate::config::KafkaConfig,
+    /// Every topic of this configuration (sources, `-dlt` twins, retry topics): where a
+    /// `dead_letters` row may be replayed to.
+    pub known_topics: Vec<String>,
     /// Every running consumer stage, for `/admin/pipelines`.
     pub stages: Vec<tally_actors::consume::PipelineControl>,
     /// A long-lived assign-only consumer for DLT watermarks (`/admin/dlt`, `/metrics`), so

@@ -6,20 +6,26 @@
 //! consumer that never joins a group nor commits, and stop at the high watermarks taken
 //! when the request started.
 //!
-//! Replaying republishes a copy: Kafka cannot delete single records, so a replayed record
+//! Replaying (`replay`) republishes a copy: Kafka cannot delete single records, so a replayed record
 //! stays in its DLT (until retention removes it) and may be replayed again. That is safe
 //! for the transfer and order pipelines, whose inbox tables (`processed_transfers`,
 //! `received_orders`) absorb a second delivery.
 
 use std::time::{Duration, Instant};
 
+mod dry_run;
+mod replay;
+pub mod table;
+
+pub use dry_run::{newer_processed, DryRun, KeySummary, Origin};
+pub use replay::{prepare_replay, replay, republish, send_all, ReplayRequest, Replayed, Republish};
+
 use base64::Engine as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Value};
 use tally_schema::{headers, topics};
 
@@ -54,6 +60,9 @@ pub enum DltError {
     /// A selected record lacks what a replay needs; nothing was replayed.
     #[error("record {partition}/{offset} cannot be replayed: {reason}")]
     NotReplayable { partition: i32, offset: i64, reason: String },
+    /// The `dead_letters` table could not be read or updated.
+    #[error("dead_letters table: {0}")]
+    Database(String),
     /// Some records were republished and acknowledged, then one failed.
     #[error("replay stopped after {acked} of {selected} records were acknowledged: {source}")]
     Produce {
@@ -75,6 +84,7 @@ impl DltError {
             Self::BadSelection(_) => "bad_selection",
             Self::NotReplayable { .. } => "dlt_record_not_replayable",
             Self::Produce { .. } => "replay_incomplete",
+            Self::Database(_) => "database_unavailable",
         }
     }
 }
@@ -286,7 +296,7 @@ fn rfc3339(ms: i64) -> Option<String> {
 
 /// `(value, encoding)`: UTF-8 text as `"utf8"`, anything else as standard base64 with
 /// padding (`"base64"`), absent as `(null, null)`.
-fn bytes_view(bytes: Option<&[u8]>) -> (Value, Value) {
+pub(crate) fn bytes_view(bytes: Option<&[u8]>) -> (Value, Value) {
     match bytes {
         None => (Value::Null, Value::Null),
         Some(b) => match std::str::from_utf8(b) {
@@ -319,7 +329,7 @@ pub struct Page {
 ///
 /// # Errors
 /// [`DltError::BadSelection`] for a partition the topic does not have; Kafka errors.
-fn plan(
+pub(crate) fn plan(
     consumer: &BaseConsumer,
     topic: &str,
     selection: &Selection,
@@ -415,204 +425,6 @@ pub fn read(consumer: &BaseConsumer, topic: &str, selection: &Selection, deadlin
     Ok(Page { records, next })
 }
 
-/// The body of `POST /admin/dlt/{topic}/replay`; every field optional, offsets inclusive.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ReplayRequest {
-    pub partition: Option<i32>,
-    pub from_offset: Option<i64>,
-    pub to_offset: Option<i64>,
-    /// Only records whose key is exactly this (UTF-8) string.
-    pub key: Option<String>,
-}
-
-impl ReplayRequest {
-    /// Parses an optional JSON body: empty (or blank) means "everything".
-    ///
-    /// # Errors
-    /// [`DltError::BadSelection`] for invalid JSON, unknown fields or inconsistent values.
-    pub fn parse(body: &[u8]) -> Result<Self, DltError> {
-        if body.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Self::default());
-        }
-        let req: Self =
-            serde_json::from_slice(body).map_err(|e| DltError::BadSelection(format!("invalid replay body: {e}")))?;
-        req.validate()?;
-        Ok(req)
-    }
-
-    fn validate(&self) -> Result<(), DltError> {
-        if self.partition.is_some_and(|p| p < 0) {
-            return Err(DltError::BadSelection("partition must be >= 0".into()));
-        }
-        if self.from_offset.is_some_and(|o| o < 0) || self.to_offset.is_some_and(|o| o < 0) {
-            return Err(DltError::BadSelection("fromOffset and toOffset must be >= 0".into()));
-        }
-        if let (Some(from), Some(to)) = (self.from_offset, self.to_offset) {
-            if from > to {
-                return Err(DltError::BadSelection("fromOffset must be <= toOffset".into()));
-            }
-        }
-        Ok(())
-    }
-
-    #[must_use]
-    pub fn selection(&self) -> Selection {
-        Selection { partition: self.partition, from_offset: self.from_offset, to_offset: self.to_offset, limit: None }
-    }
-
-    fn matches(&self, record: &DltRecord) -> bool {
-        self.key.as_deref().is_none_or(|k| record.key.as_deref() == Some(k.as_bytes()))
-    }
-}
-
-/// What a replay republishes for one DLT record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Republish {
-    pub topic: String,
-    pub partition: i32,
-    pub key: Option<Vec<u8>>,
-    pub payload: Option<Vec<u8>>,
-    /// The original headers (every `dlt-*` and any earlier `replayed-from` removed) plus
-    /// `replayed-from: <dlt topic>/<partition>/<offset>`.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
-}
-
-/// The record to republish for `record` of `dlt`, whose source topic is `source`.
-///
-/// # Errors
-/// [`DltError::NotReplayable`] when the `dlt-original-topic` header is missing or names
-/// another topic than `source`, or `dlt-original-partition` is missing or not a partition.
-pub fn republish(dlt: &str, source: &str, record: &DltRecord) -> Result<Republish, DltError> {
-    let refuse =
-        |reason: String| DltError::NotReplayable { partition: record.partition, offset: record.offset, reason };
-    let topic = record
-        .header_str(headers::DLT_ORIGINAL_TOPIC)
-        .ok_or_else(|| refuse(format!("no {} header", headers::DLT_ORIGINAL_TOPIC)))?;
-    if topic != source {
-        return Err(refuse(format!("{} is {topic}, not {source}", headers::DLT_ORIGINAL_TOPIC)));
-    }
-    let partition = record
-        .header_str(headers::DLT_ORIGINAL_PARTITION)
-        .and_then(|p| p.parse::<i32>().ok())
-        .filter(|p| *p >= 0)
-        .ok_or_else(|| refuse(format!("no valid {} header", headers::DLT_ORIGINAL_PARTITION)))?;
-    let mut hdrs: Vec<(String, Option<Vec<u8>>)> =
-        record.headers.iter().filter(|(k, _)| !k.starts_with("dlt-") && k != headers::REPLAYED_FROM).cloned().collect();
-    hdrs.push((
-        headers::REPLAYED_FROM.to_owned(),
-        Some(format!("{dlt}/{}/{}", record.partition, record.offset).into_bytes()),
-    ));
-    Ok(Republish {
-        topic: topic.to_owned(),
-        partition,
-        key: record.key.clone(),
-        payload: record.payload.clone(),
-        headers: hdrs,
-    })
-}
-
-/// One replayed record, as answered by the replay endpoint.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct Replayed {
-    pub partition: i32,
-    pub offset: i64,
-    pub original_topic: String,
-    pub original_partition: i32,
-    /// Where the copy landed.
-    pub replayed_offset: i64,
-}
-
-/// Reads what `request` selects from `dlt` and the [`Republish`] of each record, in offset
-/// order per partition. Nothing is produced.
-///
-/// # Errors
-/// [`DltError::BadSelection`] when the selection covers more than [`MAX_REPLAY`] records;
-/// [`DltError::NotReplayable`] when any selected record cannot be replayed; Kafka errors.
-pub fn prepare_replay(
-    consumer: &BaseConsumer,
-    dlt: &str,
-    source: &str,
-    request: &ReplayRequest,
-    deadline: Deadline,
-) -> Result<Vec<(DltRecord, Republish)>, DltError> {
-    let selection = request.selection();
-    let ranges = plan(consumer, dlt, &selection, deadline)?;
-    let covered: i64 = ranges.iter().map(|(_, s, e)| e - s).sum();
-    if covered > MAX_REPLAY {
-        return Err(DltError::BadSelection(format!(
-            "the selection covers {covered} records, more than {MAX_REPLAY}: narrow it with partition, fromOffset and toOffset"
-        )));
-    }
-    let page = read(consumer, dlt, &selection, deadline)?;
-    page.records
-        .into_iter()
-        .filter(|r| request.matches(r))
-        .map(|r| republish(dlt, source, &r).map(|p| (r, p)))
-        .collect()
-}
-
-/// Produces every [`Republish`] in order (an idempotent producer keeps per-partition
-/// order) and waits for every acknowledgement.
-///
-/// # Errors
-/// [`DltError::Produce`] with the number acknowledged when a send fails.
-pub async fn replay(producer: &FutureProducer, planned: &[(DltRecord, Republish)]) -> Result<Vec<Replayed>, DltError> {
-    let mut pending = Vec::with_capacity(planned.len());
-    for (record, out) in planned {
-        let mut hdrs = OwnedHeaders::new_with_capacity(out.headers.len());
-        for (k, v) in &out.headers {
-            hdrs = hdrs.insert(Header { key: k, value: v.as_deref() });
-        }
-        let mut fr: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&out.topic).partition(out.partition).headers(hdrs);
-        if let Some(key) = &out.key {
-            fr = fr.key(key.as_slice());
-        }
-        if let Some(payload) = &out.payload {
-            fr = fr.payload(payload.as_slice());
-        }
-        match producer.send_result(fr) {
-            Ok(delivery) => pending.push((record, out, delivery)),
-            Err((source, _)) => {
-                // Let the enqueued ones finish, then report how far it got.
-                let acked = await_all(pending).await.len();
-                return Err(DltError::Produce { acked, selected: planned.len(), source });
-            }
-        }
-    }
-    let total = pending.len();
-    let mut done = Vec::with_capacity(total);
-    let mut failure = None;
-    for (record, out, delivery) in pending {
-        match delivery.await {
-            Ok(Ok(d)) => done.push(Replayed {
-                partition: record.partition,
-                offset: record.offset,
-                original_topic: out.topic.clone(),
-                original_partition: d.partition,
-                replayed_offset: d.offset,
-            }),
-            Ok(Err((e, _))) => failure = failure.or(Some(e)),
-            Err(_) => failure = failure.or(Some(KafkaError::Canceled)),
-        }
-    }
-    match failure {
-        None => Ok(done),
-        Some(source) => Err(DltError::Produce { acked: done.len(), selected: total, source }),
-    }
-}
-
-async fn await_all(pending: Vec<(&DltRecord, &Republish, rdkafka::producer::DeliveryFuture)>) -> Vec<i64> {
-    let mut acked = Vec::new();
-    for (_, _, delivery) in pending {
-        if let Ok(Ok(d)) = delivery.await {
-            acked.push(d.offset);
-        }
-    }
-    acked
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -641,25 +453,6 @@ mod tests {
     }
 
     #[test]
-    fn republish_strips_dlt_headers_and_marks_the_copy() {
-        let out = republish("transfers.analyzed-dlt", "transfers.analyzed", &dead("exhausted")).unwrap();
-        assert_eq!(out.topic, "transfers.analyzed");
-        assert_eq!(out.partition, 3);
-        assert_eq!(out.key.as_deref(), Some(b"K-1".as_slice()));
-        let names: Vec<&str> = out.headers.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["event-id", "replayed-from"]);
-        assert_eq!(out.headers[1].1.as_deref(), Some(b"transfers.analyzed-dlt/3/7".as_slice()));
-    }
-
-    #[test]
-    fn republish_refuses_records_without_or_with_foreign_origin() {
-        let e = republish("x-dlt", "x", &record(&[])).unwrap_err();
-        assert_eq!(e.code(), "dlt_record_not_replayable");
-        let e = republish("x-dlt", "x", &dead("poison")).unwrap_err();
-        assert!(e.to_string().contains("not x"), "{e}");
-    }
-
-    #[test]
     fn view_decodes_headers_and_payload() {
         let mut r = dead("poison");
         r.headers.push(("bin".into(), Some(vec![0xff, 0x00])));
@@ -677,22 +470,5 @@ mod tests {
         assert_eq!(r.view()["payloadEncoding"], "utf8");
         r.payload = Some(vec![0xc3, 0x28]);
         assert_eq!(r.view()["payloadEncoding"], "base64");
-    }
-
-    #[test]
-    fn replay_request_parsing() {
-        assert_eq!(ReplayRequest::parse(b"").unwrap(), ReplayRequest::default());
-        assert_eq!(ReplayRequest::parse(b" \n").unwrap(), ReplayRequest::default());
-        assert_eq!(ReplayRequest::parse(b"{}").unwrap(), ReplayRequest::default());
-        let r = ReplayRequest::parse(br#"{"partition":1,"fromOffset":2,"toOffset":3,"key":"A"}"#).unwrap();
-        assert_eq!(
-            r.selection(),
-            Selection { partition: Some(1), from_offset: Some(2), to_offset: Some(3), limit: None }
-        );
-        assert!(r.matches(&DltRecord { key: Some(b"A".to_vec()), ..record(&[]) }));
-        assert!(!r.matches(&record(&[])));
-        for bad in [&b"{"[..], br#"{"partition":-1}"#, br#"{"fromOffset":5,"toOffset":4}"#, br#"{"nope":1}"#] {
-            assert_eq!(ReplayRequest::parse(bad).unwrap_err().code(), "bad_selection");
-        }
     }
 }

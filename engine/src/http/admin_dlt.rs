@@ -1,0 +1,347 @@
+//! DLT administration: the dead-letter topics of this configuration and the
+//! `dead_letters` table (their durable fallback), listed, browsed and replayed.
+//!
+//! - `GET /admin/dlt` (open): record counts per DLT topic and partition, and of the table.
+//! - `GET /admin/dlt/{topic}` and `GET /admin/dlt/dead_letters` (token): record contents.
+//! - `POST /admin/dlt/{topic}/replay` and `POST /admin/dlt/dead_letters/replay` (token):
+//!   republish to the original topic and partition; `?dryRun=true` reports what would be
+//!   republished and, per key, how many newer records of that key were already processed,
+//!   and produces nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::auth::Admin;
+use super::error::ApiError;
+use super::AppState;
+use crate::dlt::{self, table};
+
+/// Bound of the Kafka calls of a DLT listing or read.
+const DLT_DEADLINE: Duration = Duration::from_secs(10);
+/// Bound of the reads of a replay selection (and of a dry run's scans).
+const REPLAY_READ_DEADLINE: Duration = Duration::from_secs(30);
+/// Delivery timeout of a replayed record.
+const REPLAY_SEND_TIMEOUT_MS: u64 = 30_000;
+
+/// Counts the records of every DLT topic (on a blocking thread) and publishes them as
+/// `tally_dlt_topic_records`.
+pub(super) async fn dlt_inventory(
+    state: &web::Data<AppState>,
+    budget: Duration,
+) -> Result<Vec<dlt::TopicCount>, ApiError> {
+    let (kafka, probe) = (state.kafka.clone(), Arc::clone(&state.dlt_probe));
+    let counts = web::block(move || dlt::inventory(&probe, &kafka, dlt::Deadline::after(budget)))
+        .await
+        .map_err(|e| ApiError::Internal(format!("DLT inventory task failed: {e}")))??;
+    dlt::publish(&counts, &state.metrics);
+    Ok(counts)
+}
+
+/// `GET /admin/dlt`: every DLT topic of this configuration with its record count (high
+/// minus low watermark, summed over partitions) and per-partition counts, and the
+/// `dead_letters` table's rows (`deadLetters`: in all, not yet replayed, per topic).
+pub(super) async fn dlt_list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let topics = dlt_inventory(&state, DLT_DEADLINE).await?;
+    let records: i64 = topics.iter().map(|t| t.records).sum();
+    let mut conn = state.pool.get().await?;
+    let dead_letters = table::summary(&mut conn).await?;
+    Ok(HttpResponse::Ok().json(json!({ "records": records, "topics": topics, "deadLetters": dead_letters })))
+}
+
+/// The source topic of `topic`, or 404 when `topic` is not a DLT topic of this
+/// configuration.
+fn known_dlt(state: &AppState, topic: &str) -> Result<String, ApiError> {
+    dlt::source_of(&state.kafka, topic)
+        .ok_or_else(|| ApiError::NotFound(format!("{topic} is not a DLT topic of this configuration")))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReadQuery {
+    partition: Option<i32>,
+    offset: Option<i64>,
+    limit: Option<usize>,
+}
+
+fn check_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(dlt::DEFAULT_LIMIT);
+    if (1..=dlt::MAX_LIMIT).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::BadRequest(format!("limit must be between 1 and {}", dlt::MAX_LIMIT)))
+    }
+}
+
+/// `GET /admin/dlt/{topic}?partition=&offset=&limit=` (admin token): the records of a DLT
+/// topic, by partition then offset, from `offset` (default: the beginning) of `partition`
+/// (default: every partition), at most `limit` (default 100, max 1000). Header values,
+/// keys and payloads are UTF-8 text when they are, else base64 (`encoding`); payloads that
+/// parse as JSON are JSON. `next` says where the following page starts (null: nothing
+/// left as of this request).
+pub(super) async fn dlt_read(
+    _: Admin,
+    state: web::Data<AppState>,
+    topic: web::Path<String>,
+    query: web::Query<ReadQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let topic = topic.into_inner();
+    known_dlt(&state, &topic)?;
+    let q = query.into_inner();
+    if q.partition.is_some_and(|p| p < 0) {
+        return Err(ApiError::BadRequest("partition must be >= 0".into()));
+    }
+    if q.offset.is_some_and(|o| o < 0) {
+        return Err(ApiError::BadRequest("offset must be >= 0".into()));
+    }
+    let limit = check_limit(q.limit)?;
+    let selection =
+        dlt::Selection { partition: q.partition, from_offset: q.offset, to_offset: None, limit: Some(limit) };
+    let (kafka, bootstrap, name) = (state.kafka.clone(), state.bootstrap.clone(), topic.clone());
+    let page = web::block(move || {
+        let deadline = dlt::Deadline::after(DLT_DEADLINE);
+        let consumer = dlt::reader(&kafka, &bootstrap)?;
+        dlt::read(&consumer, &name, &selection, deadline)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("DLT read task failed: {e}")))??;
+    let records: Vec<Value> = page.records.iter().map(dlt::DltRecord::view).collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "topic": topic,
+        "count": records.len(),
+        "records": records,
+        "next": page.next.map(|(partition, offset)| json!({ "partition": partition, "offset": offset })),
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReplayQuery {
+    #[serde(rename = "dryRun")]
+    dry_run: Option<bool>,
+}
+
+/// Counts newer processed records of each origin's key (on a blocking thread).
+async fn dry_run(state: &web::Data<AppState>, origins: Vec<dlt::Origin>) -> Result<dlt::DryRun, ApiError> {
+    let (kafka, bootstrap) = (state.kafka.clone(), state.bootstrap.clone());
+    web::block(move || {
+        let deadline = dlt::Deadline::after(REPLAY_READ_DEADLINE);
+        let consumer = dlt::reader(&kafka, &bootstrap)?;
+        dlt::newer_processed(&consumer, &kafka, &bootstrap, &origins, deadline)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("DLT dry-run task failed: {e}")))?
+    .map_err(ApiError::from)
+}
+
+fn dry_run_body(records: Vec<Value>, report: dlt::DryRun) -> Value {
+    json!({
+        "dryRun": true,
+        "replayed": 0,
+        "wouldReplay": records.len(),
+        "records": records,
+        "keys": report.keys,
+        "scanTruncated": report.scan_truncated,
+    })
+}
+
+fn replay_producer(state: &AppState) -> Result<rdkafka::producer::FutureProducer, ApiError> {
+    crate::kafka::producer_config(&state.kafka, &state.bootstrap, "tally-dlt-replay", REPLAY_SEND_TIMEOUT_MS)
+        .create()
+        .map_err(|e| ApiError::Internal(format!("cannot create the replay producer: {e}")))
+}
+
+/// `POST /admin/dlt/{topic}/replay[?dryRun=true]` (admin token): republishes the selected
+/// records of a DLT topic to their original topic and partition, with the original key,
+/// value and headers (every `dlt-*` header removed) plus `replayed-from:
+/// <dlt>/<partition>/<offset>`, in offset order per partition, with an idempotent producer
+/// (acks=all), and answers once every copy is acknowledged: `{replayed, records:
+/// [{partition, offset, originalTopic, originalPartition, replayedOffset}]}`.
+///
+/// The optional JSON body `{partition?, fromOffset?, toOffset?, key?}` (offsets inclusive)
+/// narrows the selection; no body means every record present when the request started.
+/// If any selected record lacks its origin headers, nothing is replayed (409).
+///
+/// `dryRun=true` produces nothing and answers `{dryRun, replayed: 0, wouldReplay, records:
+/// [{partition, offset, originalTopic, originalPartition, originalOffset, key,
+/// newerProcessedOfKey}], keys: [{originalTopic, originalPartition, key, records,
+/// newerProcessed, consumerGroup, committedOffset}], scanTruncated}`: for each record, the
+/// records of its key in its original partition after it that its consumer group already
+/// processed (committed); a replayed copy is applied after them.
+///
+/// Replaying does not delete the DLT records: Kafka cannot delete single records, so
+/// they stay until retention removes them, and replaying them again republishes them
+/// again. The consumers' inbox tables absorb such duplicates.
+pub(super) async fn dlt_replay(
+    _: Admin,
+    state: web::Data<AppState>,
+    topic: web::Path<String>,
+    query: web::Query<ReplayQuery>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let topic = topic.into_inner();
+    let source = known_dlt(&state, &topic)?;
+    let request = dlt::ReplayRequest::parse(&body)?;
+    let (kafka, bootstrap, name) = (state.kafka.clone(), state.bootstrap.clone(), topic.clone());
+    let planned = web::block(move || {
+        let deadline = dlt::Deadline::after(REPLAY_READ_DEADLINE);
+        let consumer = dlt::reader(&kafka, &bootstrap)?;
+        dlt::prepare_replay(&consumer, &name, &source, &request, deadline)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("DLT replay read task failed: {e}")))??;
+    if query.dry_run == Some(true) {
+        let origins: Vec<dlt::Origin> = planned
+            .iter()
+            .map(|(record, out)| dlt::Origin {
+                topic: out.topic.clone(),
+                partition: out.partition,
+                offset: record.header_str(tally_schema::headers::DLT_ORIGINAL_OFFSET).and_then(|o| o.parse().ok()),
+                key: record.key.clone(),
+                group: record.header_str(tally_schema::headers::DLT_CONSUMER_GROUP).map(str::to_owned),
+            })
+            .collect();
+        let report = dry_run(&state, origins.clone()).await?;
+        let records = planned
+            .iter()
+            .zip(&origins)
+            .zip(&report.newer_of_each)
+            .map(|(((record, _), origin), newer)| {
+                json!({
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    "originalTopic": origin.topic,
+                    "originalPartition": origin.partition,
+                    "originalOffset": origin.offset,
+                    "key": dlt::bytes_view(record.key.as_deref()).0,
+                    "newerProcessedOfKey": newer,
+                })
+            })
+            .collect();
+        return Ok(HttpResponse::Ok().json(dry_run_body(records, report)));
+    }
+    let result = dlt::replay(&replay_producer(&state)?, &planned).await;
+    let acked = match &result {
+        Ok(done) => done.len(),
+        Err(dlt::DltError::Produce { acked, .. }) => *acked,
+        Err(_) => 0,
+    };
+    state.metrics.dlt_replayed_total.with_label_values(&[&topic]).inc_by(acked as u64);
+    let done = result?;
+    tracing::info!(topic = %topic, replayed = done.len(), "Replayed DLT records.");
+    Ok(HttpResponse::Ok().json(json!({ "replayed": done.len(), "records": done })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct TableQuery {
+    after: Option<i64>,
+    limit: Option<usize>,
+    original_topic: Option<String>,
+}
+
+/// `GET /admin/dlt/dead_letters?after=&limit=&originalTopic=` (admin token): rows of the
+/// `dead_letters` table by id, after id `after` (default: from the first), at most `limit`
+/// (default 100, max 1000), each viewed like a DLT topic record (its `partition` and
+/// `offset` are the original ones) plus `id`, `dltError`, `createdAt`, `replayedAt`.
+/// `next` is the `after` of the following page (null: nothing left).
+pub(super) async fn dead_letters_read(
+    _: Admin,
+    state: web::Data<AppState>,
+    query: web::Query<TableQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let q = query.into_inner();
+    let limit = check_limit(q.limit)?;
+    let mut conn = state.pool.get().await?;
+    let rows = table::browse(&mut conn, q.after.unwrap_or(0), limit as i64, q.original_topic.as_deref()).await?;
+    let next = if rows.len() == limit { rows.last().map(|r| r.id) } else { None };
+    let records: Vec<Value> = rows.iter().map(table::DeadLetter::view).collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "table": table::NAME,
+        "count": records.len(),
+        "records": records,
+        "next": next,
+    })))
+}
+
+/// `POST /admin/dlt/dead_letters/replay[?dryRun=true]` (admin token): produces the selected
+/// rows to their original topic and partition (original key, payload and headers, plus
+/// `replayed-from: dead_letters/<id>`), marks each acknowledged row `replayed_at`, and
+/// answers `{replayed, records: [{id, originalTopic, originalPartition, replayedOffset}]}`.
+/// The optional body `{ids?, originalTopic?, key?, includeReplayed?}` narrows the
+/// selection; by default every row not yet replayed. A row whose topic is not one of this
+/// configuration's is refused (409) and nothing is replayed. `dryRun=true` answers like
+/// the topics' dry run, each record with its `id`.
+pub(super) async fn dead_letters_replay(
+    _: Admin,
+    state: web::Data<AppState>,
+    query: web::Query<ReplayQuery>,
+    body: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    let request = table::TableReplayRequest::parse(&body)?;
+    let rows = {
+        let mut conn = state.pool.get().await?;
+        table::select(&mut conn, &request).await?
+    };
+    if let Some(row) = rows.iter().find(|r| !state.known_topics.contains(&r.original_topic)) {
+        return Err(dlt::DltError::NotReplayable {
+            partition: row.original_partition,
+            offset: row.original_offset,
+            reason: format!("row {} names topic {}, which this configuration does not use", row.id, row.original_topic),
+        }
+        .into());
+    }
+    if query.dry_run == Some(true) {
+        let report = dry_run(&state, rows.iter().map(table::DeadLetter::origin).collect()).await?;
+        let records = rows
+            .iter()
+            .zip(&report.newer_of_each)
+            .map(|(row, newer)| {
+                json!({
+                    "id": row.id,
+                    "originalTopic": row.original_topic,
+                    "originalPartition": row.original_partition,
+                    "originalOffset": row.original_offset,
+                    "key": dlt::bytes_view(row.record_key.as_deref()).0,
+                    "newerProcessedOfKey": newer,
+                })
+            })
+            .collect();
+        return Ok(HttpResponse::Ok().json(dry_run_body(records, report)));
+    }
+    let outs: Vec<dlt::Republish> = rows.iter().map(table::DeadLetter::republish).collect();
+    let results = dlt::send_all(&replay_producer(&state)?, &outs.iter().collect::<Vec<_>>()).await;
+    let mut done = Vec::new();
+    let mut failure = None;
+    for (row, result) in rows.iter().zip(results) {
+        match result {
+            Ok((partition, offset)) => done.push((row, partition, offset)),
+            Err(e) => failure = failure.or(Some(e)),
+        }
+    }
+    let ids: Vec<i64> = done.iter().map(|(row, _, _)| row.id).collect();
+    if !ids.is_empty() {
+        let mut conn = state.pool.get().await?;
+        table::mark_replayed(&mut conn, &ids).await?;
+    }
+    state.metrics.dlt_replayed_total.with_label_values(&[table::NAME]).inc_by(ids.len() as u64);
+    if let Some(source) = failure {
+        return Err(dlt::DltError::Produce { acked: ids.len(), selected: rows.len(), source }.into());
+    }
+    tracing::info!(replayed = ids.len(), "Replayed rows of the dead_letters table.");
+    let records: Vec<Value> = done
+        .iter()
+        .map(|(row, partition, offset)| {
+            json!({
+                "id": row.id,
+                "originalTopic": row.original_topic,
+                "originalPartition": partition,
+                "replayedOffset": offset,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "replayed": ids.len(), "records": records })))
+}
