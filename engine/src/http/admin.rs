@@ -50,8 +50,9 @@ struct VersionRow {
     version: String,
 }
 
-/// Readiness: the database answers, every embedded migration is applied, and Kafka
-/// metadata can be fetched. 503 with the reasons otherwise.
+/// Readiness: the database answers, every embedded migration is applied, Kafka metadata
+/// can be fetched, and no pipeline is degraded (waiting for an unavailable dependency).
+/// 503 with the reasons otherwise.
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let mut problems = Vec::new();
     match state.pool.get().await {
@@ -82,6 +83,15 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         Ok(Ok(_)) => problems.push("kafka metadata lists no brokers".into()),
         Ok(Err(e)) => problems.push(format!("kafka metadata unavailable: {e}")),
         Err(e) => problems.push(format!("kafka probe failed: {e}")),
+    }
+    for status in state.stages.iter().map(tally_actors::consume::PipelineControl::status) {
+        if status.degraded {
+            let reason = status.degraded_reason.unwrap_or_default();
+            problems.push(format!(
+                "pipeline {} degraded: {} record(s) waiting for an unavailable dependency ({reason})",
+                status.name, status.waiting_for_dependency
+            ));
+        }
     }
     if problems.is_empty() {
         HttpResponse::Ok().json(json!({ "status": "ready" }))
