@@ -1068,6 +1068,8 @@ impl DbProxy {
                 }
                 let target = target.clone();
                 let mut cuts = cuts.clone();
+                // Only a cut after this connection was accepted ends it.
+                cuts.borrow_and_update();
                 tokio::spawn(async move {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else { return };
                     tokio::select! {

@@ -173,3 +173,107 @@ async fn an_admin_pause_survives_the_end_of_a_degradation() {
     ids.extend(later);
     assert_everything_final(&env, &app, &ids).await;
 }
+
+fn analyzed(from: &str, to: &str, amount: i64) -> (Uuid, Value) {
+    let id = Uuid::new_v4();
+    let event = serde_json::json!({
+        "eventId": Uuid::new_v4(), "transferId": id, "sourceAccount": from,
+        "destinationAccount": to, "amountCents": amount, "currency": "BRL", "score": 10,
+        "analyzedAt": "2026-11-30T00:00:00Z",
+    });
+    (id, event)
+}
+
+/// Two daemons in one ledger group. The first owns every partition and is cut off its
+/// database (through a proxy) with 40 transfers to settle: it is degraded and its records
+/// wait. The second joins (its database is up): on the rebalance the first gives its
+/// partitions up at once (a record waiting for the database cannot finish, so it stays
+/// uncommitted) and is silent for them from then on; the second settles what it got.
+/// When the first gets its database back it settles what it kept. Every transfer settles
+/// exactly once and neither daemon ever meets a transfer already settled (`duplicate`),
+/// which is what an old owner still working on a revoked partition would cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by_the_new_owner_alone() {
+    let env = TestEnv::new().await;
+    let proxy = DbProxy::start(&env.db).await;
+    let proxy_url = proxy.url.clone();
+    let first = env
+        .spawn(|c| {
+            short_budget(c);
+            c.pipelines.outbox = false;
+            c.database.url = tally_engine::config::Secret::new(&proxy_url);
+        })
+        .await;
+    let sources: Vec<String> = (0..8).map(|i| format!("R-{i}")).collect();
+    for id in &sources {
+        env.db.execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ($1, 100000, 'BRL')", &[id]).await;
+    }
+    env.db.execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ('R-SINK', 0, 'BRL')", &[]).await;
+    wait_until("the first daemon owns the ledger's partitions", Deadline::DEFAULT, || async {
+        let n = pipeline(&first, "ledger").await["partitions"].as_array().map_or(0, Vec::len);
+        if n > 0 {
+            Ok(())
+        } else {
+            Err("no partitions yet".to_owned())
+        }
+    })
+    .await;
+
+    proxy.cut();
+    let producer = tally_integration_tests::producer(env.bootstrap());
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let from = &sources[i % sources.len()];
+        let (id, event) = analyzed(from, "R-SINK", 10 + i as i64);
+        tally_integration_tests::produce_event(
+            &producer,
+            "transfers.analyzed",
+            None,
+            from,
+            event.to_string().as_bytes(),
+            "TransferAnalyzed",
+        )
+        .await;
+        ids.push(id);
+    }
+    wait_degraded(&first, true).await;
+
+    let second = env.spawn(|c| {
+        short_budget(c);
+        c.pipelines.outbox = false;
+    })
+    .await;
+    wait_until("the second daemon settles the partitions it got", Deadline::DEFAULT, || async {
+        let n = env.db.count("processed_transfers").await;
+        let owned = pipeline(&second, "ledger").await["partitions"].as_array().map_or(0, Vec::len);
+        if n > 0 && owned > 0 {
+            Ok(())
+        } else {
+            Err(format!("{n} processed, the second owns {owned} partitions"))
+        }
+    })
+    .await;
+    proxy.restore();
+    wait_until("every transfer processed", Deadline::DEFAULT, || async {
+        match env.db.count("processed_transfers").await {
+            40 => Ok(()),
+            n => Err(format!("{n} processed")),
+        }
+    })
+    .await;
+    for id in &ids {
+        let postings = env.db.scalar_i64("SELECT count(*) FROM postings WHERE transfer_id = $1", &[id]).await;
+        assert_eq!(postings, 2, "transfer {id} settled once");
+    }
+    let total: i64 = (0..40).map(|i| 10 + i).sum();
+    assert_eq!(env.db.scalar_i64("SELECT balance_cents FROM accounts WHERE id = 'R-SINK'", &[]).await, total);
+    let duplicate = r#"tally_records_total{outcome="duplicate",pipeline="ledger"}"#;
+    for (name, app) in [("first", &first), ("second", &second)] {
+        let metrics = app.metrics().await;
+        assert_eq!(metric_value(&metrics, duplicate), None, "{name} met an already settled transfer");
+        assert_eq!(metric_value(&metrics, r#"tally_records_total{outcome="dead_lettered",pipeline="ledger"}"#), None);
+    }
+    assert_eq!(non_empty_dlts(env.bootstrap(), &["transfers.analyzed"]).await, vec![]);
+    assert_eq!(env.db.count("dead_letters").await, 0);
+    assert_ledger_ok(&second).await;
+}
