@@ -27,6 +27,9 @@ pub struct Metrics {
     pub dlt_records_total: IntCounterVec,
     pub dlt_topic_records: IntGaugeVec,
     pub dlt_replayed_total: IntCounterVec,
+    pub dlt_fallback_records_total: IntCounterVec,
+    pub pipeline_degraded: IntGaugeVec,
+    pub dependency_waits_total: IntCounterVec,
     pub consumer_lag: IntGaugeVec,
     pub inflight: IntGaugeVec,
     pub live_actors: IntGaugeVec,
@@ -128,6 +131,29 @@ impl Metrics {
                 ),
                 &["topic"],
             )?,
+            dlt_fallback_records_total: IntCounterVec::new(
+                Opts::new(
+                    "dlt_fallback_records_total",
+                    "Records a dead-letter topic could never take (too large, topic or partition missing, \
+                     forbidden), stored in the dead_letters table instead, by DLT topic.",
+                ),
+                &["topic"],
+            )?,
+            pipeline_degraded: IntGaugeVec::new(
+                Opts::new(
+                    "pipeline_degraded",
+                    "1 while a pipeline waits for an unavailable dependency (database or broker down) with its \
+                     partitions paused, 0 otherwise.",
+                ),
+                &["pipeline"],
+            )?,
+            dependency_waits_total: IntCounterVec::new(
+                Opts::new(
+                    "dependency_waits_total",
+                    "Handler attempts that found a dependency unavailable; they cost no record any retry, by pipeline.",
+                ),
+                &["pipeline"],
+            )?,
             consumer_lag: IntGaugeVec::new(
                 Opts::new("consumer_lag", "Records between the committed offset and the end of the partition."),
                 &["pipeline", "partition"],
@@ -200,6 +226,9 @@ impl Metrics {
         m.registry.register(Box::new(m.dlt_records_total.clone()))?;
         m.registry.register(Box::new(m.dlt_topic_records.clone()))?;
         m.registry.register(Box::new(m.dlt_replayed_total.clone()))?;
+        m.registry.register(Box::new(m.dlt_fallback_records_total.clone()))?;
+        m.registry.register(Box::new(m.pipeline_degraded.clone()))?;
+        m.registry.register(Box::new(m.dependency_waits_total.clone()))?;
         m.registry.register(Box::new(m.consumer_lag.clone()))?;
         m.registry.register(Box::new(m.inflight.clone()))?;
         m.registry.register(Box::new(m.live_actors.clone()))?;

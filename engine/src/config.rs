@@ -353,12 +353,20 @@ pub struct ProjectionConfig {
 pub struct ConsumerConfig {
     /// Records in flight per partition; when reached, the partition stops fetching.
     pub max_in_flight: usize,
+    /// Offsets at most between a partition's committed watermark and the newest record
+    /// taken (records completed behind an unfinished one count); past it the partition
+    /// pauses until the head of line completes. At least `max_in_flight`.
+    pub max_uncommitted: usize,
     /// Live keyed worker actors per pipeline (least recently used idle ones go first).
     pub max_live_workers: usize,
     /// Keyed workers idle this long are passivated.
     pub idle_after_secs: u64,
-    /// Longest wait for in-flight records on revoke and shutdown. The default outlasts the
-    /// default retry budget (0.5 + 1 + 2 + 4 + 8 s), so a record in retry finishes first.
+    /// Longest wait for in-flight records on revoke and shutdown, at least. Each pipeline
+    /// waits at least the worst case of its retry sequence (every backoff plus every
+    /// attempt taking `database.statement_timeout_ms`, or the webhook timeout for
+    /// notifications), so that a record in retry finishes before its partition is given up;
+    /// a drain still times out on records waiting for an unavailable dependency, which give
+    /// up at once and stay uncommitted.
     pub drain_timeout_ms: u64,
 }
 
@@ -506,7 +514,13 @@ impl Default for PipelinesConfig {
 
 impl Default for ConsumerConfig {
     fn default() -> Self {
-        Self { max_in_flight: 512, max_live_workers: 20_000, idle_after_secs: 60, drain_timeout_ms: 20_000 }
+        Self {
+            max_in_flight: 512,
+            max_uncommitted: 10_000,
+            max_live_workers: 20_000,
+            idle_after_secs: 60,
+            drain_timeout_ms: 20_000,
+        }
     }
 }
 
@@ -805,6 +819,9 @@ impl Config {
         if !(1..=100_000).contains(&self.consumer.max_in_flight) {
             return invalid("consumer.max_in_flight", "must be between 1 and 100000");
         }
+        if self.consumer.max_uncommitted < self.consumer.max_in_flight || self.consumer.max_uncommitted > 10_000_000 {
+            return invalid("consumer.max_uncommitted", "must be between consumer.max_in_flight and 10000000");
+        }
         if self.consumer.max_live_workers == 0 {
             return invalid("consumer.max_live_workers", "must be greater than 0");
         }
@@ -970,6 +987,15 @@ mod tests {
         assert!(e.contains("intake_adr"), "{e}");
         let e = with("[database]\nurl = \"mysql://x\"").unwrap_err().to_string();
         assert!(e.contains("database.url"), "{e}");
+    }
+
+    #[test]
+    fn the_uncommitted_window_is_validated_against_max_in_flight() {
+        let c = with("").unwrap();
+        assert_eq!(c.consumer.max_uncommitted, 10_000);
+        let e = with("[consumer]\nmax_in_flight = 64\nmax_uncommitted = 63").unwrap_err().to_string();
+        assert!(e.contains("consumer.max_uncommitted") && e.contains("consumer.max_in_flight"), "{e}");
+        assert!(with("[consumer]\nmax_in_flight = 64\nmax_uncommitted = 64").is_ok());
     }
 
     #[test]

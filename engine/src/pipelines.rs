@@ -54,35 +54,65 @@ impl Shared<'_> {
         client
     }
 
-    fn spec(&self, name: &str, group_id: &str, topics: Vec<String>) -> PipelineSpec {
+    /// The spec of a pipeline whose records retry under `retry`, each attempt taking at
+    /// most `attempt_timeout`: its drain waits at least the worst case of that sequence.
+    fn spec(
+        &self,
+        name: &str,
+        group_id: &str,
+        topics: Vec<String>,
+        retry: &RetryConfig,
+        attempt_timeout: Duration,
+    ) -> PipelineSpec {
         let client = self.client(name, &self.config.kafka.consumer);
         let c = &self.config.consumer;
+        let worst_case = retry.policy().worst_case(attempt_timeout);
+        let drain_timeout = Duration::from_millis(c.drain_timeout_ms).max(worst_case);
+        if drain_timeout > Duration::from_millis(c.drain_timeout_ms) {
+            tracing::info!(
+                pipeline = name,
+                drain_timeout_ms = drain_timeout.as_millis() as u64,
+                "Drain timeout raised to the worst case of the retry sequence."
+            );
+        }
         PipelineSpec {
             name: name.into(),
             group_id: group_id.into(),
             topics,
             client,
             max_in_flight: c.max_in_flight,
+            max_uncommitted: c.max_uncommitted,
             max_live_workers: c.max_live_workers,
             idle_after: Duration::from_secs(c.idle_after_secs),
-            drain_timeout: Duration::from_millis(c.drain_timeout_ms),
+            drain_timeout,
             commit_each: false,
             due_header: None,
         }
+    }
+
+    /// The longest a database attempt of a handler takes.
+    fn statement_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.database.statement_timeout_ms)
+    }
+
+    fn dead_letters(&self, group_id: &str, stopping: &Arc<AtomicBool>) -> DeadLetters {
+        DeadLetters::new(
+            self.dlt_producer.clone(),
+            group_id.into(),
+            self.metrics.clone(),
+            Arc::clone(stopping),
+            self.pool.clone(),
+        )
     }
 
     fn supervision(&self, name: &str, group_id: &str, retry: &RetryConfig, stopping: &Arc<AtomicBool>) -> Supervision {
         Supervision {
             pipeline: name.into(),
             policy: retry.policy(),
-            dead_letters: DeadLetters::new(
-                self.dlt_producer.clone(),
-                group_id.into(),
-                self.metrics.clone(),
-                Arc::clone(stopping),
-            ),
+            dead_letters: self.dead_letters(group_id, stopping),
             metrics: self.metrics.clone(),
             in_retry: Arc::default(),
+            health: Arc::default(),
         }
     }
 
@@ -108,7 +138,13 @@ impl Shared<'_> {
             Duration::from_millis(cfg.linger_ms),
         )
         .start();
-        let mut spec = self.spec("ledger", &cfg.group_id, vec![topics.transfers_analyzed.clone()]);
+        let mut spec = self.spec(
+            "ledger",
+            &cfg.group_id,
+            vec![topics.transfers_analyzed.clone()],
+            &cfg.retry,
+            self.statement_timeout(),
+        );
         if seed {
             spec.max_in_flight = 1;
             spec.commit_each = true;
@@ -132,7 +168,8 @@ impl Shared<'_> {
     /// When the consumer cannot be created.
     pub fn start_orders(&self) -> anyhow::Result<Pipeline> {
         let cfg = &self.config.orders;
-        let spec = self.spec("orders", &cfg.group_id, vec![self.config.kafka.topics.orders_received.clone()]);
+        let topics = vec![self.config.kafka.topics.orders_received.clone()];
+        let spec = self.spec("orders", &cfg.group_id, topics, &cfg.retry, self.statement_timeout());
         let stopping = Arc::new(AtomicBool::new(false));
         let supervision = self.supervision("orders", &cfg.group_id, &cfg.retry, &stopping);
         Pipeline::start(
@@ -159,6 +196,8 @@ impl Shared<'_> {
             "projection",
             &cfg.group_id,
             vec![topics.transfers_settled.clone(), topics.transfers_rejected.clone()],
+            &cfg.retry,
+            self.statement_timeout(),
         );
         let stopping = Arc::new(AtomicBool::new(false));
         let supervision = self.supervision("projection", &cfg.group_id, &cfg.retry, &stopping);
@@ -243,12 +282,7 @@ impl Shared<'_> {
             Notifier::new(
                 self.pool.clone(),
                 self.dlt_producer.clone(),
-                DeadLetters::new(
-                    self.dlt_producer.clone(),
-                    cfg.group_id.clone(),
-                    self.metrics.clone(),
-                    Arc::clone(&stopping),
-                ),
+                self.dead_letters(&cfg.group_id, &stopping),
                 self.metrics.clone(),
                 NotifierSettings {
                     webhook_url: cfg.webhook_url.clone(),
@@ -260,7 +294,8 @@ impl Shared<'_> {
             .context("cannot build the webhook client")?,
         );
         let mut stages = Vec::with_capacity(delays.len() + 1);
-        let main = self.spec("notifications", &cfg.group_id, sources.to_vec());
+        let attempt_timeout = self.statement_timeout().max(Duration::from_millis(cfg.timeout_ms));
+        let main = self.spec("notifications", &cfg.group_id, sources.to_vec(), &cfg.retry, attempt_timeout);
         stages.push(main);
         for delay in &delays {
             let name = format!("notifications-retry-{delay}");
@@ -268,6 +303,8 @@ impl Shared<'_> {
                 &name,
                 &format!("{}-retry-{delay}", cfg.group_id),
                 sources.iter().map(|t| tally_schema::topics::retry(t, *delay)).collect(),
+                &cfg.retry,
+                attempt_timeout,
             );
             spec.due_header = Some(tally_schema::headers::RETRY_DUE_AT.into());
             stages.push(spec);

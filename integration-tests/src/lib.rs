@@ -990,3 +990,129 @@ pub async fn assert_ledger_ok(app: &TestApp) -> serde_json::Value {
     assert_eq!(check["ok"], true, "{check}");
     check
 }
+
+// ---------------------------------------------------------------------------------------
+// Database outages
+// ---------------------------------------------------------------------------------------
+
+impl TestDb {
+    /// Starts an outage of this database: it refuses new connections and every open one
+    /// (the daemon's pooled connections and this handle's own client) is terminated.
+    ///
+    /// # Panics
+    /// When the server cannot be reached.
+    pub async fn refuse_connections(&self) {
+        self.admin(&format!(
+            "ALTER DATABASE \"{0}\" ALLOW_CONNECTIONS false; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = '{0}' AND pid <> pg_backend_pid();",
+            self.name
+        ))
+        .await;
+    }
+
+    /// Ends the outage of [`TestDb::refuse_connections`] and reconnects this handle.
+    ///
+    /// # Panics
+    /// When the server cannot be reached.
+    pub async fn allow_connections(&mut self) {
+        self.admin(&format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS true", self.name)).await;
+        self.client = connect(&self.url).await.expect("reconnect to the test database");
+    }
+
+    async fn admin(&self, sql: &str) {
+        let (admin, connection) = tokio_postgres::connect(&self.admin_url, NoTls).await.expect("connect as admin");
+        let driver = tokio::spawn(connection);
+        admin.batch_execute(sql).await.expect("admin statement");
+        drop(admin);
+        let _ = driver.await;
+    }
+}
+
+/// A TCP forwarder to PostgreSQL for one daemon, so that a test can cut that daemon off
+/// its database while others keep theirs.
+pub struct DbProxy {
+    /// The test database's URL through the proxy.
+    pub url: String,
+    up: Arc<std::sync::atomic::AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for DbProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbProxy").field("url", &self.url).finish()
+    }
+}
+
+impl DbProxy {
+    /// Forwards a loopback port to the server of `db` (127.0.0.1:5432 unless its URL says
+    /// otherwise).
+    ///
+    /// # Panics
+    /// When no port can be bound or the URL has no `host:port`.
+    pub async fn start(db: &TestDb) -> Self {
+        use std::sync::atomic::Ordering;
+        let rest = db.url().split_once('@').map(|(_, r)| r).expect("user@host in the URL");
+        let target = rest.split_once('/').map(|(h, _)| h).expect("host/db in the URL").to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let url = db.url().replacen(&target, &format!("127.0.0.1:{port}"), 1);
+        let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (cut, cuts) = tokio::sync::watch::channel(0_u64);
+        let accepting = Arc::clone(&up);
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !accepting.load(Ordering::Acquire) {
+                    continue; // dropped: the connection is refused
+                }
+                let target = target.clone();
+                let mut cuts = cuts.clone();
+                // Only a cut after this connection was accepted ends it.
+                cuts.borrow_and_update();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Self { url, up, cut, task }
+    }
+
+    /// Cuts every forwarded connection and refuses new ones.
+    pub fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::Release);
+        self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// Forwards new connections again.
+    pub fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for DbProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The dead-letter topics of `topics` that hold records, with their record counts.
+///
+/// # Panics
+/// When a dead-letter topic cannot be read (e.g. it does not exist).
+pub async fn non_empty_dlts(bootstrap: &str, topics: &[&str]) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
+    for topic in topics {
+        let dlt = format!("{topic}-dlt");
+        let records =
+            read_topic(bootstrap, &dlt, Deadline::secs(10)).await.unwrap_or_else(|e| panic!("read {dlt}: {e:#}"));
+        if !records.is_empty() {
+            found.push((dlt, records.len()));
+        }
+    }
+    found
+}

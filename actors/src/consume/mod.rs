@@ -13,10 +13,20 @@
 //! on resume, fetches again from the record after the last one handed to tally. Nothing
 //! buffers without bound.
 //!
+//! The uncommitted window is bounded too: a record is not handed over while it lies
+//! `max_uncommitted` offsets or more past the partition's completed watermark; the
+//! partition is held (paused) until the head of line completes, so one stuck record cannot
+//! let completed offsets pile up without limit.
+//!
+//! A dependency that is down (see [`DependencyHealth`]) degrades the pipeline: the driver
+//! pauses every assigned partition until the records waiting for it got through, then
+//! resumes those not held otherwise (an admin pause stays).
+//!
 //! Why a thread: on revoke the rebalance callback must wait for in-flight work to finish
 //! and commit before the partition is given up. The callback runs on the thread that
 //! polls, so that thread must not be the one that runs the actors doing the work.
 
+mod lease;
 mod offsets;
 mod partition;
 mod record;
@@ -35,13 +45,14 @@ use rdkafka::{ClientContext, Statistics, TopicPartitionList};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-pub use offsets::OffsetTracker;
+pub use lease::Lease;
+pub use offsets::{window_admits, OffsetTracker};
 pub use partition::{Drain, PartitionConsumer, PartitionShared, Release};
 pub use record::{Origin, Record};
 pub use worker::{KeyedWorker, Process, WorkerRegistry};
 
 use crate::metrics::Metrics;
-use crate::supervise::{RecordHandler, Supervision};
+use crate::supervise::{DependencyHealth, RecordHandler, Supervision};
 
 /// What a pipeline consumes and how.
 #[derive(Debug, Clone)]
@@ -54,6 +65,9 @@ pub struct PipelineSpec {
     pub client: ClientConfig,
     /// Records in flight per partition before the partition stops fetching.
     pub max_in_flight: usize,
+    /// Offsets at most between a partition's completed watermark and the newest record
+    /// taken; past it the partition is held until the head of line completes.
+    pub max_uncommitted: usize,
     /// Live keyed workers at most (least recently used idle ones are passivated first).
     pub max_live_workers: usize,
     /// Workers idle this long are passivated.
@@ -109,6 +123,14 @@ pub struct PipelineStatus {
     /// Keys whose record is waiting in blocking retry.
     pub keys_in_retry: usize,
     pub live_workers: usize,
+    /// Waiting for an unavailable dependency, partitions paused.
+    pub degraded: bool,
+    /// The last dependency failure seen, while degraded.
+    pub degraded_reason: Option<String>,
+    /// Seconds since the pipeline became degraded, while degraded.
+    pub degraded_seconds: Option<f64>,
+    /// Records waiting for the dependency, each probing it with capped backoff.
+    pub waiting_for_dependency: usize,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -122,7 +144,7 @@ pub struct PartitionStatus {
     pub stored_offset: Option<i64>,
     pub lag: Option<i64>,
     pub in_flight: usize,
-    /// Paused by backpressure or a not-yet-due retry record.
+    /// Paused by backpressure, the uncommitted window, or a not-yet-due retry record.
     pub held: bool,
 }
 
@@ -179,6 +201,17 @@ struct Slot {
     stored: i64,
     stash: VecDeque<Arc<Record>>,
     paused: bool,
+    /// This assignment's lease: drained then revoked when the partition is given up.
+    lease: Lease,
+    /// The offset of the first record handed over under this assignment.
+    first_taken: Option<i64>,
+}
+
+impl Slot {
+    /// Whether `offset` may be handed over without passing the uncommitted window.
+    fn admits(&self, offset: i64, max_uncommitted: usize) -> bool {
+        window_admits(offset, self.shared.watermark.load(Ordering::Acquire), self.first_taken, max_uncommitted)
+    }
 }
 
 pub(crate) type TopicPartition = (String, i32);
@@ -196,9 +229,16 @@ struct Shared {
     /// Lag per partition from the broker's high watermark (refreshed by the driver).
     lags: Mutex<HashMap<TopicPartition, i64>>,
     in_retry: Arc<std::sync::atomic::AtomicUsize>,
+    health: Arc<DependencyHealth>,
+    /// Whether the driver paused the assignment because the pipeline is degraded.
+    degraded_pause: AtomicBool,
 }
 
 impl Shared {
+    fn admin_paused(&self) -> bool {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).paused
+    }
+
     fn slots(&self) -> MutexGuard<'_, HashMap<TopicPartition, Slot>> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -216,10 +256,13 @@ impl Shared {
             let shared = Arc::new(PartitionShared::default());
             let (topic, partition) = tp.clone();
             let (max, registry, state) = (self.spec.max_in_flight, Arc::clone(&self.registry), Arc::clone(&shared));
+            let lease = Lease::new();
+            let held = lease.clone();
             let addr = PartitionConsumer::start_in_arbiter(&self.arbiter, move |_| {
-                PartitionConsumer::new(topic, partition, rx, max, state, registry)
+                PartitionConsumer::new(topic, partition, rx, max, state, registry, held)
             });
-            slots.insert(tp, Slot { addr, tx, shared, stored: -1, stash: VecDeque::new(), paused: false });
+            let stash = VecDeque::new();
+            slots.insert(tp, Slot { addr, tx, shared, stored: -1, stash, paused: false, lease, first_taken: None });
         }
         info!(pipeline = %self.spec.name, partitions = tpl.count(), "Partitions assigned.");
     }
@@ -244,6 +287,7 @@ impl Shared {
             .iter()
             .map(|(_, slot)| {
                 let (done, wait) = std::sync::mpsc::channel();
+                slot.lease.drain();
                 slot.addr.do_send(Drain { done });
                 wait
             })
@@ -259,6 +303,8 @@ impl Shared {
             warn!(pipeline = %self.spec.name, undrained, "Drain timed out; unfinished records stay uncommitted and will be redelivered.");
         }
         for ((topic, partition), slot) in &taken {
+            // From here on nothing more happens for the partition on this instance.
+            slot.lease.revoke();
             let watermark = slot.shared.watermark.load(Ordering::Acquire);
             if watermark > slot.stored {
                 if let Err(e) = consumer.store_offset(topic, *partition, watermark) {
@@ -305,12 +351,9 @@ impl ConsumerContext for DriverContext {
                 // librdkafka keeps an application pause across re-assignment: a partition
                 // held (backpressure, a not-yet-due record) when it was revoked would stay
                 // paused. New slots start unheld, so resume them, unless the pipeline is
-                // paused through the admin API, which lasts across rebalances.
-                let result = if self.shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused {
-                    consumer.pause(tpl)
-                } else {
-                    consumer.resume(tpl)
-                };
+                // paused through the admin API, which lasts across rebalances, or degraded.
+                let hold = self.shared.admin_paused() || self.shared.degraded_pause.load(Ordering::Relaxed);
+                let result = if hold { consumer.pause(tpl) } else { consumer.resume(tpl) };
                 if let Err(e) = result {
                     warn!(pipeline = %self.shared.spec.name, error = %e, "Cannot set the pause state of new partitions.");
                 }
@@ -399,6 +442,7 @@ impl Pipeline {
         arbiter: ArbiterHandle,
     ) -> KafkaResult<Self> {
         let in_retry = Arc::clone(&supervision.in_retry);
+        let health = Arc::clone(&supervision.health);
         let registry = Arc::new(Mutex::new(WorkerRegistry::new(
             handler,
             Arc::new(supervision),
@@ -422,6 +466,8 @@ impl Pipeline {
             stats: Mutex::default(),
             lags: Mutex::default(),
             in_retry,
+            health,
+            degraded_pause: AtomicBool::new(false),
         });
         let consumer: BaseConsumer<DriverContext> =
             spec.consumer_config().create_with_context(DriverContext { shared: Arc::clone(&shared) })?;
@@ -483,26 +529,19 @@ fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: 
                 Control::Resume(applied) => {
                     paused_all = false;
                     shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
-                    // Partitions held by backpressure or a not-yet-due record stay paused;
-                    // the stash flush resumes them.
-                    if let Ok(tpl) = consumer.assignment() {
-                        let mut ready = TopicPartitionList::new();
-                        let slots = shared.slots();
-                        for e in tpl.elements() {
-                            let held = slots.get(&(e.topic().to_owned(), e.partition())).is_some_and(|s| s.paused);
-                            if !held {
-                                ready.add_partition(e.topic(), e.partition());
-                            }
-                        }
-                        drop(slots);
-                        let _ = consumer.resume(&ready);
+                    // While degraded the partitions stay paused; resumed when it ends.
+                    if !shared.degraded_pause.load(Ordering::Relaxed) {
+                        resume_unheld(consumer, shared);
                     }
                     let _ = applied.send(());
                     info!(pipeline = %name, "Pipeline resumed.");
                 }
             }
         }
-        let ready = shared.slots().values().any(|s| s.stash.front().is_some_and(|r| is_due(shared, r)));
+        follow_health(consumer, shared, paused_all);
+        let ready = shared.slots().values().any(|s| {
+            s.stash.front().is_some_and(|r| is_due(shared, r) && s.admits(r.offset, shared.spec.max_uncommitted))
+        });
         let waiting = shared.slots().values().any(|s| !s.stash.is_empty());
         let timeout = Duration::from_millis(if ready {
             5
@@ -520,7 +559,7 @@ fn drive(consumer: &BaseConsumer<DriverContext>, shared: &Arc<Shared>, control: 
             Some(Err(e)) => warn!(pipeline = %name, error = %e, "Consumer error."),
             None => {}
         }
-        if !paused_all {
+        if !paused_all && !shared.degraded_pause.load(Ordering::Relaxed) {
             flush_stashes(consumer, shared);
         }
         store_watermarks(consumer, shared);
@@ -565,6 +604,53 @@ pub(crate) fn publish_lag(metrics: &Metrics, pipeline: &str, topics: &[String], 
     }
 }
 
+/// Resumes every assigned partition not held by backpressure, the uncommitted window or a
+/// not-yet-due record (the stash flush resumes those).
+fn resume_unheld(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+    if let Ok(tpl) = consumer.assignment() {
+        let mut ready = TopicPartitionList::new();
+        let slots = shared.slots();
+        for e in tpl.elements() {
+            let held = slots.get(&(e.topic().to_owned(), e.partition())).is_some_and(|s| s.paused);
+            if !held {
+                ready.add_partition(e.topic(), e.partition());
+            }
+        }
+        drop(slots);
+        if let Err(e) = consumer.resume(&ready) {
+            warn!(pipeline = %shared.spec.name, error = %e, "Cannot resume partitions.");
+        }
+    }
+}
+
+/// Pauses the assignment when the pipeline became degraded (a record waits for an
+/// unavailable dependency) and resumes it when no record waits any more, unless the
+/// pipeline is paused through the admin API.
+fn follow_health(consumer: &BaseConsumer<DriverContext>, shared: &Shared, admin_paused: bool) {
+    let name = &shared.spec.name;
+    let degraded = shared.health.is_degraded();
+    if degraded == shared.degraded_pause.load(Ordering::Relaxed) {
+        return;
+    }
+    shared.degraded_pause.store(degraded, Ordering::Relaxed);
+    shared.metrics.pipeline_degraded.with_label_values(&[name]).set(i64::from(degraded));
+    if degraded {
+        if let Ok(tpl) = consumer.assignment() {
+            if let Err(e) = consumer.pause(&tpl) {
+                warn!(pipeline = %name, error = %e, "Cannot pause partitions.");
+            }
+        }
+        let reason = shared.health.degradation().map(|d| d.reason).unwrap_or_default();
+        warn!(pipeline = %name, reason, "Pipeline degraded: a dependency is unavailable; partitions paused.");
+    } else {
+        if !admin_paused {
+            resume_unheld(consumer, shared);
+        }
+        info!(pipeline = %name, "Dependency available again; pipeline resumed.");
+    }
+    publish_gauges(shared);
+}
+
 fn tpl_of(topic: &str, partition: i32) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);
@@ -582,13 +668,16 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &Shared, record: Arc<Re
         slot.stash.push_back(record);
         return;
     }
-    if !is_due(shared, &record) {
+    if !is_due(shared, &record) || !slot.admits(record.offset, shared.spec.max_uncommitted) {
         slot.stash.push_back(record);
         hold(consumer, shared, slot, &tp);
         return;
     }
+    let offset = record.offset;
     match slot.tx.try_send(record) {
-        Ok(()) => {}
+        Ok(()) => {
+            slot.first_taken.get_or_insert(offset);
+        }
         Err(mpsc::error::TrySendError::Full(record)) => {
             slot.stash.push_back(record);
             hold(consumer, shared, slot, &tp);
@@ -597,7 +686,8 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &Shared, record: Arc<Re
     }
 }
 
-/// Pauses a partition whose next record is in hand (queue full, or not yet due).
+/// Pauses a partition whose next record is in hand (queue full, window full, or not yet
+/// due).
 /// librdkafka drops what it prefetched for it and, on resume, fetches again after the last
 /// record handed to tally.
 fn hold(consumer: &BaseConsumer<DriverContext>, shared: &Shared, slot: &mut Slot, tp: &TopicPartition) {
@@ -620,12 +710,15 @@ fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
     let mut slots = shared.slots();
     for ((topic, partition), slot) in slots.iter_mut() {
         while let Some(record) = slot.stash.pop_front() {
-            if !is_due(shared, &record) {
+            if !is_due(shared, &record) || !slot.admits(record.offset, shared.spec.max_uncommitted) {
                 slot.stash.push_front(record);
                 break;
             }
+            let offset = record.offset;
             match slot.tx.try_send(record) {
-                Ok(()) => {}
+                Ok(()) => {
+                    slot.first_taken.get_or_insert(offset);
+                }
                 Err(mpsc::error::TrySendError::Full(record)) => {
                     slot.stash.push_front(record);
                     break;
@@ -723,8 +816,13 @@ fn publish_gauges(shared: &Shared) {
         })
         .collect();
     partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    let degradation = shared.health.degradation();
     let mut status = shared.status.lock().unwrap_or_else(PoisonError::into_inner);
     status.partitions = partitions;
     status.keys_in_retry = shared.in_retry.load(Ordering::Relaxed);
     status.live_workers = live;
+    status.degraded = degradation.is_some();
+    status.waiting_for_dependency = degradation.as_ref().map_or(0, |d| d.waiting);
+    status.degraded_seconds = degradation.as_ref().map(|d| d.since.as_secs_f64());
+    status.degraded_reason = degradation.map(|d| d.reason);
 }

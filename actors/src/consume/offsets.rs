@@ -75,9 +75,33 @@ impl OffsetTracker {
     }
 }
 
+/// Whether the record at `offset` may be taken: fewer than `max_uncommitted` offsets lie
+/// between the first uncommitted one (after `watermark`, the last completed offset, -1
+/// when none; or the first offset taken under this assignment, when later) and it.
+#[must_use]
+pub fn window_admits(offset: i64, watermark: i64, first_taken: Option<i64>, max_uncommitted: usize) -> bool {
+    let low = first_taken.map_or(offset, |first| first.max(watermark + 1));
+    let max = i64::try_from(max_uncommitted).unwrap_or(i64::MAX);
+    offset.saturating_sub(low) < max
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_uncommitted_window_is_bounded_from_the_head_of_line() {
+        // Nothing taken yet: the first record always fits (whatever its offset).
+        assert!(window_admits(500, -1, None, 3));
+        // 500 taken and unfinished: 501 and 502 fit, 503 would make four uncommitted.
+        assert!(window_admits(502, -1, Some(500), 3));
+        assert!(!window_admits(503, -1, Some(500), 3));
+        // 500 completed: the window moves on.
+        assert!(window_admits(503, 500, Some(500), 3));
+        assert!(!window_admits(504, 500, Some(500), 3));
+        // A watermark from before this assignment does not widen it.
+        assert!(!window_admits(503, 10, Some(500), 3));
+    }
 
     #[test]
     fn watermark_only_advances_over_contiguous_completions() {

@@ -14,7 +14,7 @@ use tracing::debug;
 
 use super::offsets::OffsetTracker;
 use super::worker::{Process, WorkerRegistry};
-use super::Record;
+use super::{Lease, Record};
 use crate::supervise::Completion;
 
 /// State a partition shares with the driver thread.
@@ -43,9 +43,8 @@ pub struct PartitionConsumer {
     intake_handle: Option<SpawnHandle>,
     drain_waiters: Vec<std::sync::mpsc::Sender<()>>,
     draining: bool,
-    /// Key of every record handed to a worker and not finished, so that a released
-    /// partition checks them back in (its pending completions die with it).
-    dispatched: std::collections::HashMap<i64, String>,
+    /// This assignment's lease, carried with each record to its worker.
+    lease: Lease,
     /// Records left unfinished because the pipeline is stopping: their offsets stay
     /// uncommitted, and a drain does not wait for them.
     abandoned: usize,
@@ -60,6 +59,7 @@ impl PartitionConsumer {
         max_in_flight: usize,
         shared: Arc<PartitionShared>,
         registry: Arc<Mutex<WorkerRegistry>>,
+        lease: Lease,
     ) -> Self {
         Self {
             topic,
@@ -71,7 +71,7 @@ impl PartitionConsumer {
             intake_handle: None,
             drain_waiters: Vec::new(),
             draining: false,
-            dispatched: std::collections::HashMap::new(),
+            lease,
             abandoned: 0,
         }
     }
@@ -86,28 +86,26 @@ impl PartitionConsumer {
         let key = record.routing_key().to_owned();
         let worker = self.registry().checkout(&key);
         let offset = record.offset;
-        self.dispatched.insert(offset, key.clone());
-        let fut = worker.send(Process(Arc::clone(&record))).into_actor(self).map(move |result, act, ctx| {
-            act.registry().checkin(&key);
-            act.dispatched.remove(&offset);
-            match result {
-                Ok(Ok(Completion::Handled(_) | Completion::DeadLettered)) => {
-                    drop(permit);
-                    act.complete(offset);
+        let message = Process { record: Arc::clone(&record), lease: self.lease.clone() };
+        let fut = worker.clone().send(message).into_actor(self).map(move |result, act, ctx| match result {
+            Ok(Ok(Completion::Handled(_) | Completion::DeadLettered)) => {
+                drop(permit);
+                act.complete(offset);
+            }
+            // The pipeline is stopping or the partition is being given up: leave the record
+            // unfinished (uncommitted).
+            Ok(Err(_stopping)) => {
+                drop(permit);
+                act.abandoned += 1;
+                if act.draining && act.drained() {
+                    act.finish_drain();
                 }
-                // The pipeline is stopping: leave the record unfinished (uncommitted).
-                Ok(Err(_stopping)) => {
-                    drop(permit);
-                    act.abandoned += 1;
-                    if act.draining && act.drained() {
-                        act.finish_drain();
-                    }
-                }
-                // The worker died: start a new one and retry the record in hand.
-                Err(_mailbox) => {
-                    act.registry().forget(&key);
-                    act.dispatch(record, permit, ctx);
-                }
+            }
+            // The worker stopped (its mailbox closed, so it runs nothing): start a new one
+            // and hand it the record again.
+            Err(_mailbox) => {
+                act.registry().forget(&key, &worker);
+                act.dispatch(record, permit, ctx);
             }
         });
         ctx.spawn(fut);
@@ -202,15 +200,11 @@ impl Handler<Release> for PartitionConsumer {
     type Result = ();
 
     fn handle(&mut self, _: Release, ctx: &mut Self::Context) {
-        // Completions still pending die with this actor: give their keys back, so that
-        // their workers can be passivated.
-        let keys: Vec<String> = self.dispatched.drain().map(|(_, key)| key).collect();
-        let mut registry = self.registry();
-        for key in &keys {
-            registry.checkin(key);
-        }
-        drop(registry);
-        debug!(topic = %self.topic, partition = self.partition, unfinished = keys.len(), "Partition consumer released.");
+        // Records still running belong to their workers, which stay registered until they
+        // finish (the lease, revoked by now, stops them at their next step): a new owner of
+        // the partition on this instance queues behind them instead of racing them.
+        debug!(topic = %self.topic, partition = self.partition, unfinished = self.tracker.in_flight(),
+               "Partition consumer released.");
         ctx.stop();
     }
 }

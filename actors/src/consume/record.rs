@@ -46,11 +46,13 @@ impl Record {
     }
 
     /// Where this record first came from: its own coordinates, or those carried in the
-    /// `retry-original-*` headers when it was read from a retry topic.
+    /// `retry-original-*` headers when it was read from a retry topic of that original
+    /// topic. Anywhere else those headers are not trusted (anyone may set headers): a
+    /// record carrying a forged origin dead-letters to its own topic's DLT.
     #[must_use]
     pub fn origin(&self) -> Origin {
         use tally_schema::headers as h;
-        match self.header_str(h::RETRY_ORIGINAL_TOPIC) {
+        match self.header_str(h::RETRY_ORIGINAL_TOPIC).filter(|original| is_retry_topic_of(&self.topic, original)) {
             Some(topic) => Origin {
                 topic: topic.to_owned(),
                 partition: self
@@ -81,6 +83,15 @@ impl Record {
     }
 }
 
+/// Whether `topic` is a retry topic of `original` (`tally_schema::topics::retry`).
+fn is_retry_topic_of(topic: &str, original: &str) -> bool {
+    topic
+        .strip_prefix(original)
+        .and_then(|rest| rest.strip_prefix("-retry-"))
+        .and_then(|delay| delay.parse::<u64>().ok())
+        .is_some_and(|delay| tally_schema::topics::retry(original, delay) == topic)
+}
+
 /// The coordinates a record was first consumed at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
@@ -88,4 +99,48 @@ pub struct Origin {
     pub partition: i32,
     pub offset: i64,
     pub timestamp: Option<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_schema::headers as h;
+
+    fn record(topic: &str, headers: &[(&str, &str)]) -> Record {
+        Record {
+            topic: topic.into(),
+            partition: 3,
+            offset: 70,
+            key: None,
+            payload: None,
+            headers: headers.iter().map(|(k, v)| ((*k).to_owned(), Some(v.as_bytes().to_vec()))).collect(),
+            timestamp: Some(5),
+        }
+    }
+
+    const RETRY_HEADERS: [(&str, &str); 3] = [
+        (h::RETRY_ORIGINAL_TOPIC, "transfers.settled"),
+        (h::RETRY_ORIGINAL_PARTITION, "1"),
+        (h::RETRY_ORIGINAL_OFFSET, "9"),
+    ];
+
+    #[test]
+    fn retry_topics_carry_their_origin() {
+        let r = record(&tally_schema::topics::retry("transfers.settled", 2_000), &RETRY_HEADERS);
+        assert_eq!(r.origin(), Origin { topic: "transfers.settled".into(), partition: 1, offset: 9, timestamp: None });
+    }
+
+    #[test]
+    fn forged_origins_are_ignored_outside_retry_topics() {
+        for topic in
+            ["transfers.analyzed", "transfers.settled", "transfers.settled-retry-x", "transfers.settled-retry-01"]
+        {
+            let r = record(topic, &RETRY_HEADERS);
+            assert_eq!(
+                r.origin(),
+                Origin { topic: topic.into(), partition: 3, offset: 70, timestamp: Some(5) },
+                "{topic}"
+            );
+        }
+    }
 }

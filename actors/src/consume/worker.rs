@@ -2,20 +2,29 @@
 //! It handles its records strictly in arrival order, one at a time (`AtomicResponse`), so a
 //! key in blocking retry holds back only that key. Workers are created on demand,
 //! passivated when idle, and bounded in number by the [`WorkerRegistry`].
+//!
+//! A key never has two live workers: the registry keeps a worker while it has records
+//! handed to it and not yet finished, counted by the worker itself when it finishes one,
+//! not by whoever handed it over. A partition released with records still running (a
+//! drain that timed out) therefore leaves their worker registered, and the partition's
+//! next owner on this instance queues its records behind them in the same mailbox.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use crate::consume::Record;
+use crate::consume::{Lease, Record};
 use crate::supervise::{Completion, RecordHandler, Stopping, Supervision};
 
 pub struct KeyedWorker {
     handler: Arc<dyn RecordHandler>,
     supervision: Arc<Supervision>,
     mailbox: usize,
+    /// Records handed to this worker and not finished (shared with the registry).
+    pending: Arc<AtomicUsize>,
 }
 
 impl Actor for KeyedWorker {
@@ -27,10 +36,14 @@ impl Actor for KeyedWorker {
     }
 }
 
-/// Handle one record (retries and DLT included).
+/// Handle one record (retries and DLT included) under the lease of the partition
+/// assignment it was taken under.
 #[derive(Message)]
 #[rtype(result = "Result<Completion, Stopping>")]
-pub struct Process(pub Arc<Record>);
+pub struct Process {
+    pub record: Arc<Record>,
+    pub lease: Lease,
+}
 
 impl Handler<Process> for KeyedWorker {
     type Result = AtomicResponse<Self, Result<Completion, Stopping>>;
@@ -38,14 +51,28 @@ impl Handler<Process> for KeyedWorker {
     fn handle(&mut self, msg: Process, _: &mut Self::Context) -> Self::Result {
         let handler = Arc::clone(&self.handler);
         let supervision = Arc::clone(&self.supervision);
-        AtomicResponse::new(Box::pin(async move { supervision.run(handler.as_ref(), msg.0).await }.into_actor(self)))
+        let pending = Arc::clone(&self.pending);
+        AtomicResponse::new(Box::pin(
+            async move {
+                let result = supervision.run(handler.as_ref(), msg.record, msg.lease).await;
+                pending.fetch_sub(1, Ordering::AcqRel);
+                result
+            }
+            .into_actor(self),
+        ))
     }
 }
 
 struct Entry {
     addr: Addr<KeyedWorker>,
     last_used: Instant,
-    in_flight: usize,
+    pending: Arc<AtomicUsize>,
+}
+
+impl Entry {
+    fn is_busy(&self) -> bool {
+        self.pending.load(Ordering::Acquire) > 0
+    }
 }
 
 /// The live workers of one pipeline, keyed by record key. Dropping a worker's address
@@ -71,44 +98,51 @@ impl WorkerRegistry {
         Self { handler, supervision, workers: HashMap::new(), max_live: max_live.max(1), idle_after, mailbox }
     }
 
-    /// The worker for `key`, started if needed; counts one more record in flight for it.
-    /// Must be called on the arbiter that runs the workers.
+    /// The worker for `key`, started if needed; counts one more record pending for it
+    /// (the worker counts it finished). Every checkout must be followed by a [`Process`]
+    /// sent to the returned worker. Must be called on the arbiter that runs the workers.
     pub fn checkout(&mut self, key: &str) -> Addr<KeyedWorker> {
         if !self.workers.contains_key(key) && self.workers.len() >= self.max_live {
             self.evict_idle(self.max_live.saturating_sub(self.max_live / 10).max(1) - 1);
         }
-        let entry = self.workers.entry(key.to_owned()).or_insert_with(|| Entry {
-            addr: KeyedWorker {
-                handler: Arc::clone(&self.handler),
-                supervision: Arc::clone(&self.supervision),
-                mailbox: self.mailbox,
+        let entry = self.workers.entry(key.to_owned()).or_insert_with(|| {
+            let pending = Arc::new(AtomicUsize::new(0));
+            Entry {
+                addr: KeyedWorker {
+                    handler: Arc::clone(&self.handler),
+                    supervision: Arc::clone(&self.supervision),
+                    mailbox: self.mailbox,
+                    pending: Arc::clone(&pending),
+                }
+                .start(),
+                last_used: Instant::now(),
+                pending,
             }
-            .start(),
-            last_used: Instant::now(),
-            in_flight: 0,
         });
-        entry.in_flight += 1;
+        entry.pending.fetch_add(1, Ordering::AcqRel);
         entry.last_used = Instant::now();
         entry.addr.clone()
     }
 
-    /// Counts one record of `key` as finished.
-    pub fn checkin(&mut self, key: &str) {
-        if let Some(e) = self.workers.get_mut(key) {
-            e.in_flight = e.in_flight.saturating_sub(1);
-            e.last_used = Instant::now();
+    /// Forgets the worker of `key` if it is still `dead` (its mailbox closed: it stopped
+    /// and runs nothing); the next checkout starts a new one. A newer worker of the key is
+    /// kept.
+    pub fn forget(&mut self, key: &str, dead: &Addr<KeyedWorker>) {
+        if self.workers.get(key).is_some_and(|e| e.addr == *dead) {
+            self.workers.remove(key);
         }
-    }
-
-    /// Forgets the worker of `key` (it died); the next checkout starts a new one.
-    pub fn forget(&mut self, key: &str) {
-        self.workers.remove(key);
     }
 
     /// Passivates workers idle for longer than the idle timeout.
     pub fn passivate_idle(&mut self) {
         let idle_after = self.idle_after;
-        self.workers.retain(|_, e| e.in_flight > 0 || e.last_used.elapsed() < idle_after);
+        self.workers.retain(|_, e| e.is_busy() || e.last_used.elapsed() < idle_after);
+    }
+
+    /// Records handed to the worker of `key` and not finished.
+    #[must_use]
+    pub fn pending(&self, key: &str) -> usize {
+        self.workers.get(key).map_or(0, |e| e.pending.load(Ordering::Acquire))
     }
 
     /// Evicts least recently used idle workers until at most `target` remain (busy workers
@@ -119,7 +153,7 @@ impl WorkerRegistry {
             return;
         }
         let mut idle: Vec<(Instant, String)> =
-            self.workers.iter().filter(|(_, e)| e.in_flight == 0).map(|(k, e)| (e.last_used, k.clone())).collect();
+            self.workers.iter().filter(|(_, e)| !e.is_busy()).map(|(k, e)| (e.last_used, k.clone())).collect();
         idle.sort_unstable();
         for (_, key) in idle.into_iter().take(excess) {
             self.workers.remove(&key);

@@ -1,25 +1,31 @@
 //! Supervision shared by every pipeline: wraps each handler call with the error policy of
 //! DESIGN.md §5.3 (blocking exponential retry for transient errors, DLT for exhausted and
-//! poison records) and contains panics, which are bugs, as transient failures so that the
-//! record is retried and finally dead-lettered instead of lost.
+//! poison records, waiting out an unavailable dependency without spending the record's
+//! retries) and contains panics, which are bugs, as transient failures so that the record
+//! is retried and finally dead-lettered instead of lost. Every attempt and every
+//! dead-letter write first checks the record's [`Lease`]: after its partition was revoked
+//! nothing more happens for it here.
 
 mod dlt;
 mod fallback;
+mod health;
 mod policy;
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tracing::warn;
 
-pub use dlt::{dlt_headers, DeadLetters, Stopping};
+pub use dlt::{dlt_headers, is_permanent_dlt_error, DeadLetters, Stopping};
 pub use fallback::{headers_json, store_dead_letter, DeadLetterRow};
-pub use policy::{classify_server_message, Classify, ErrorClass, HandlerError, RetryPolicy};
+pub use health::{Degradation, DependencyHealth, DependencyWait};
+pub use policy::{classify_server_message, Classify, ErrorClass, HandlerError, RetryPolicy, PROBE_MAX};
 
-use crate::consume::Record;
+use crate::consume::{Lease, Record};
 use crate::metrics::Metrics;
 
 /// The business logic of one pipeline, called once per record (and again on retry). It
@@ -45,48 +51,26 @@ pub struct Supervision {
     pub metrics: Metrics,
     /// Records currently waiting in blocking retry (keys held back).
     pub in_retry: Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether the pipeline waits for an unavailable dependency.
+    pub health: Arc<DependencyHealth>,
 }
 
 impl Supervision {
     /// Runs `handler` on `record` under the policy until it is handled or dead-lettered.
+    /// An attempt that finds a dependency unavailable does not count: the record waits
+    /// (capped backoff) and probes again, for as long as it takes.
     ///
     /// # Errors
-    /// [`Stopping`] when the pipeline stops while a DLT write is pending.
-    pub async fn run(&self, handler: &dyn RecordHandler, record: Arc<Record>) -> Result<Completion, Stopping> {
+    /// [`Stopping`] when the pipeline stops or `lease` ends first: the record stays
+    /// uncommitted and is redelivered.
+    pub async fn run(
+        &self,
+        handler: &dyn RecordHandler,
+        record: Arc<Record>,
+        lease: Lease,
+    ) -> Result<Completion, Stopping> {
         let started = Instant::now();
-        let mut attempt: u32 = 1;
-        let result = loop {
-            let outcome = AssertUnwindSafe(handler.handle(Arc::clone(&record)))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|_| Err(HandlerError::transient("handler panicked (a bug); retrying")));
-            match outcome {
-                Ok(label) => break Ok(Completion::Handled(label)),
-                Err(e) if e.class == ErrorClass::Poison => {
-                    self.dead_letters.publish(&record, ErrorClass::Poison.dlt_kind(), &e.message, attempt).await?;
-                    break Ok(Completion::DeadLettered);
-                }
-                Err(e) => match self.policy.backoff(attempt) {
-                    Some(wait) => {
-                        warn!(pipeline = %self.pipeline, topic = %record.topic, partition = record.partition,
-                              offset = record.offset, key = record.routing_key(), attempt,
-                              wait_ms = wait.as_millis() as u64, error = %e.message,
-                              "Retrying record after transient error.");
-                        self.metrics.retries_total.with_label_values(&[&self.pipeline]).inc();
-                        self.in_retry.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tokio::time::sleep(wait).await;
-                        self.in_retry.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                        attempt += 1;
-                    }
-                    None => {
-                        self.dead_letters
-                            .publish(&record, ErrorClass::Transient.dlt_kind(), &e.message, attempt)
-                            .await?;
-                        break Ok(Completion::DeadLettered);
-                    }
-                },
-            }
-        };
+        let result = lease.clone().scope(self.attempts(handler, &record, &lease)).await;
         let label = match result {
             Ok(Completion::Handled(label)) => label,
             Ok(Completion::DeadLettered) => "dead_lettered",
@@ -95,5 +79,69 @@ impl Supervision {
         self.metrics.records_total.with_label_values(&[&self.pipeline, label]).inc();
         self.metrics.handler_seconds.with_label_values(&[&self.pipeline]).observe(started.elapsed().as_secs_f64());
         result
+    }
+
+    async fn attempts(
+        &self,
+        handler: &dyn RecordHandler,
+        record: &Arc<Record>,
+        lease: &Lease,
+    ) -> Result<Completion, Stopping> {
+        // Attempts charged to the record (those that found the dependency down are not).
+        let mut attempt: u32 = 1;
+        let mut waiting: Option<(DependencyWait, Duration)> = None;
+        loop {
+            if !lease.is_live() || self.dead_letters.is_stopping() {
+                return Err(Stopping);
+            }
+            let outcome = AssertUnwindSafe(handler.handle(Arc::clone(record)))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| Err(HandlerError::transient("handler panicked (a bug); retrying")));
+            let e = match outcome {
+                Ok(label) => return Ok(Completion::Handled(label)),
+                Err(e) if e.class == ErrorClass::Unavailable => {
+                    // Nobody's record's fault: wait and probe again, unless the partition
+                    // is being given up (the record cannot finish; it stays uncommitted).
+                    if lease.is_ending() {
+                        return Err(Stopping);
+                    }
+                    let previous = waiting.as_ref().map(|(_, wait)| *wait);
+                    let wait = self.policy.probe_backoff(previous);
+                    match waiting.as_mut() {
+                        Some((_, w)) => {
+                            self.health.still_failing(&e.message);
+                            *w = wait;
+                        }
+                        None => waiting = Some((self.health.wait(&e.message), wait)),
+                    }
+                    warn!(pipeline = %self.pipeline, topic = %record.topic, partition = record.partition,
+                          offset = record.offset, key = record.routing_key(), wait_ms = wait.as_millis() as u64,
+                          error = %e.message, "Dependency unavailable; the record waits without spending its retries.");
+                    self.metrics.dependency_waits_total.with_label_values(&[&self.pipeline]).inc();
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                Err(e) => e,
+            };
+            waiting = None;
+            if e.class == ErrorClass::Poison {
+                self.dead_letters.publish(record, ErrorClass::Poison.dlt_kind(), &e.message, attempt).await?;
+                return Ok(Completion::DeadLettered);
+            }
+            let Some(wait) = self.policy.backoff(attempt) else {
+                self.dead_letters.publish(record, ErrorClass::Transient.dlt_kind(), &e.message, attempt).await?;
+                return Ok(Completion::DeadLettered);
+            };
+            warn!(pipeline = %self.pipeline, topic = %record.topic, partition = record.partition,
+                  offset = record.offset, key = record.routing_key(), attempt,
+                  wait_ms = wait.as_millis() as u64, error = %e.message,
+                  "Retrying record after transient error.");
+            self.metrics.retries_total.with_label_values(&[&self.pipeline]).inc();
+            self.in_retry.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(wait).await;
+            self.in_retry.fetch_sub(1, Ordering::Relaxed);
+            attempt += 1;
+        }
     }
 }

@@ -198,7 +198,29 @@ impl RetryPolicy {
         let wait = self.initial.as_secs_f64() * factor;
         Some(Duration::from_secs_f64(wait.min(self.max.as_secs_f64())))
     }
+
+    /// The longest a record can spend under this policy: every attempt taking
+    /// `attempt_timeout` and every backoff in between. A drain must wait this long to let a
+    /// record in retry finish.
+    #[must_use]
+    pub fn worst_case(&self, attempt_timeout: Duration) -> Duration {
+        let backoffs: Duration = (1..=self.max_retries).filter_map(|n| self.backoff(n)).sum();
+        backoffs + attempt_timeout * self.max_retries.saturating_add(1)
+    }
+
+    /// The wait before the next probe of an unavailable dependency, after `previous`
+    /// (`None` for the first): from the initial backoff, doubling, capped at
+    /// [`PROBE_MAX`] (or `max` when lower). Probes never count against `max_retries`.
+    #[must_use]
+    pub fn probe_backoff(&self, previous: Option<Duration>) -> Duration {
+        let cap = self.max.min(PROBE_MAX);
+        previous.map_or(self.initial, |p| p * 2).min(cap)
+    }
 }
+
+/// The longest wait between two probes of an unavailable dependency, so that a pipeline
+/// resumes within seconds of the dependency coming back.
+pub const PROBE_MAX: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
@@ -243,6 +265,30 @@ mod tests {
             assert_eq!(db(K::Unknown, msg).class(), class, "{msg}");
         }
         assert_eq!(Error::BrokenTransactionManager.class(), ErrorClass::Unavailable);
+    }
+
+    #[test]
+    fn worst_case_counts_every_attempt_and_backoff() {
+        let p = RetryPolicy::default();
+        // 0.5 + 1 + 2 + 4 + 8 s of backoff and 6 attempts of at most 10 s.
+        assert_eq!(p.worst_case(Duration::from_secs(10)), Duration::from_millis(75_500));
+        let none = RetryPolicy { max_retries: 0, ..RetryPolicy::default() };
+        assert_eq!(none.worst_case(Duration::from_secs(1)), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn probes_back_off_to_a_cap() {
+        let p =
+            RetryPolicy { initial: Duration::from_millis(100), max: Duration::from_secs(60), ..RetryPolicy::default() };
+        let mut wait = None;
+        let waits: Vec<u64> = (0..8)
+            .map(|_| {
+                let w = p.probe_backoff(wait);
+                wait = Some(w);
+                w.as_millis() as u64
+            })
+            .collect();
+        assert_eq!(waits, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
     }
 
     #[test]

@@ -54,8 +54,9 @@ struct VersionRow {
 }
 
 /// Readiness: the database answers, every embedded migration is applied, Kafka metadata
-/// can be fetched, and every pipeline has received its partition assignment (ready means
-/// able to process). 503 with the reasons otherwise.
+/// can be fetched, every pipeline has received its partition assignment (ready means able
+/// to process), and no pipeline is degraded (waiting for an unavailable dependency). 503
+/// with the reasons otherwise.
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let mut problems = unassigned_pipelines(&state.stages);
     match state.pool.get().await {
@@ -86,6 +87,15 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         Ok(Ok(_)) => problems.push("kafka metadata lists no brokers".into()),
         Ok(Err(e)) => problems.push(format!("kafka metadata unavailable: {e}")),
         Err(e) => problems.push(format!("kafka probe failed: {e}")),
+    }
+    for status in state.stages.iter().map(tally_actors::consume::PipelineControl::status) {
+        if status.degraded {
+            let reason = status.degraded_reason.unwrap_or_default();
+            problems.push(format!(
+                "pipeline {} degraded: {} record(s) waiting for an unavailable dependency ({reason})",
+                status.name, status.waiting_for_dependency
+            ));
+        }
     }
     if problems.is_empty() {
         HttpResponse::Ok().json(json!({ "status": "ready" }))
