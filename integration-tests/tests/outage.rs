@@ -201,7 +201,7 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
         .spawn(|c| {
             short_budget(c);
             c.pipelines.outbox = false;
-            c.database.url = tally_engine::config::Secret::new(&proxy_url);
+            c.database.url = tally_engine::config::SecretUrl::new(&proxy_url);
         })
         .await;
     let sources: Vec<String> = (0..8).map(|i| format!("R-{i}")).collect();
