@@ -238,11 +238,12 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
     }
     wait_degraded(&first, true).await;
 
-    let second = env.spawn(|c| {
-        short_budget(c);
-        c.pipelines.outbox = false;
-    })
-    .await;
+    let second = env
+        .spawn(|c| {
+            short_budget(c);
+            c.pipelines.outbox = false;
+        })
+        .await;
     wait_until("the second daemon settles the partitions it got", Deadline::DEFAULT, || async {
         let n = env.db.count("processed_transfers").await;
         let owned = pipeline(&second, "ledger").await["partitions"].as_array().map_or(0, Vec::len);
@@ -261,6 +262,8 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
         }
     })
     .await;
+    // Whatever the first daemon still had in hand is done with (settled or given up).
+    wait_degraded(&first, false).await;
     for id in &ids {
         let postings = env.db.scalar_i64("SELECT count(*) FROM postings WHERE transfer_id = $1", &[id]).await;
         assert_eq!(postings, 2, "transfer {id} settled once");

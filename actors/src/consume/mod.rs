@@ -49,7 +49,7 @@ pub use lease::Lease;
 pub use offsets::{window_admits, OffsetTracker};
 pub use partition::{Drain, PartitionConsumer, PartitionShared, Release};
 pub use record::{Origin, Record};
-pub use worker::{KeyedWorker, Process, WorkerRegistry};
+pub use worker::{KeyedWorker, Pending, Process, WorkerRegistry};
 
 use crate::metrics::Metrics;
 use crate::supervise::{DependencyHealth, RecordHandler, Supervision};

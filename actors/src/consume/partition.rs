@@ -84,9 +84,9 @@ impl PartitionConsumer {
 
     fn dispatch(&mut self, record: Arc<Record>, permit: OwnedSemaphorePermit, ctx: &mut Context<Self>) {
         let key = record.routing_key().to_owned();
-        let worker = self.registry().checkout(&key);
+        let (worker, pending) = self.registry().checkout(&key);
         let offset = record.offset;
-        let message = Process { record: Arc::clone(&record), lease: self.lease.clone() };
+        let message = Process { record: Arc::clone(&record), lease: self.lease.clone(), pending };
         let fut = worker.clone().send(message).into_actor(self).map(move |result, act, ctx| match result {
             Ok(Ok(Completion::Handled(_) | Completion::DeadLettered)) => {
                 drop(permit);

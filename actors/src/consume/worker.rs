@@ -23,8 +23,6 @@ pub struct KeyedWorker {
     handler: Arc<dyn RecordHandler>,
     supervision: Arc<Supervision>,
     mailbox: usize,
-    /// Records handed to this worker and not finished (shared with the registry).
-    pending: Arc<AtomicUsize>,
 }
 
 impl Actor for KeyedWorker {
@@ -43,6 +41,20 @@ impl Actor for KeyedWorker {
 pub struct Process {
     pub record: Arc<Record>,
     pub lease: Lease,
+    /// From [`WorkerRegistry::checkout`]: counts the record pending for its worker until
+    /// the worker finished it, or until the message is dropped unhandled (actix drops a
+    /// queued message whose sender stopped waiting for the answer).
+    pub pending: Pending,
+}
+
+/// One record pending for a worker; dropping it counts the record finished.
+#[derive(Debug)]
+pub struct Pending(Arc<AtomicUsize>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Handler<Process> for KeyedWorker {
@@ -51,11 +63,11 @@ impl Handler<Process> for KeyedWorker {
     fn handle(&mut self, msg: Process, _: &mut Self::Context) -> Self::Result {
         let handler = Arc::clone(&self.handler);
         let supervision = Arc::clone(&self.supervision);
-        let pending = Arc::clone(&self.pending);
         AtomicResponse::new(Box::pin(
             async move {
-                let result = supervision.run(handler.as_ref(), msg.record, msg.lease).await;
-                pending.fetch_sub(1, Ordering::AcqRel);
+                let Process { record, lease, pending } = msg;
+                let result = supervision.run(handler.as_ref(), record, lease).await;
+                drop(pending);
                 result
             }
             .into_actor(self),
@@ -98,30 +110,26 @@ impl WorkerRegistry {
         Self { handler, supervision, workers: HashMap::new(), max_live: max_live.max(1), idle_after, mailbox }
     }
 
-    /// The worker for `key`, started if needed; counts one more record pending for it
-    /// (the worker counts it finished). Every checkout must be followed by a [`Process`]
-    /// sent to the returned worker. Must be called on the arbiter that runs the workers.
-    pub fn checkout(&mut self, key: &str) -> Addr<KeyedWorker> {
+    /// The worker for `key`, started if needed, and one more record counted pending for it
+    /// (hand the [`Pending`] over in the [`Process`] message). Must be called on the
+    /// arbiter that runs the workers.
+    pub fn checkout(&mut self, key: &str) -> (Addr<KeyedWorker>, Pending) {
         if !self.workers.contains_key(key) && self.workers.len() >= self.max_live {
             self.evict_idle(self.max_live.saturating_sub(self.max_live / 10).max(1) - 1);
         }
-        let entry = self.workers.entry(key.to_owned()).or_insert_with(|| {
-            let pending = Arc::new(AtomicUsize::new(0));
-            Entry {
-                addr: KeyedWorker {
-                    handler: Arc::clone(&self.handler),
-                    supervision: Arc::clone(&self.supervision),
-                    mailbox: self.mailbox,
-                    pending: Arc::clone(&pending),
-                }
-                .start(),
-                last_used: Instant::now(),
-                pending,
+        let entry = self.workers.entry(key.to_owned()).or_insert_with(|| Entry {
+            addr: KeyedWorker {
+                handler: Arc::clone(&self.handler),
+                supervision: Arc::clone(&self.supervision),
+                mailbox: self.mailbox,
             }
+            .start(),
+            last_used: Instant::now(),
+            pending: Arc::new(AtomicUsize::new(0)),
         });
         entry.pending.fetch_add(1, Ordering::AcqRel);
         entry.last_used = Instant::now();
-        entry.addr.clone()
+        (entry.addr.clone(), Pending(Arc::clone(&entry.pending)))
     }
 
     /// Forgets the worker of `key` if it is still `dead` (its mailbox closed: it stopped
@@ -163,5 +171,74 @@ impl WorkerRegistry {
     #[must_use]
     pub fn live(&self) -> usize {
         self.workers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::future::BoxFuture;
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::supervise::tests::{record, supervision};
+    use crate::supervise::HandlerError;
+
+    /// Holds every record until released.
+    struct Held(Arc<Notify>);
+
+    impl RecordHandler for Held {
+        fn handle(&self, _: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
+            let release = Arc::clone(&self.0);
+            Box::pin(async move {
+                release.notified().await;
+                Ok("handled")
+            })
+        }
+    }
+
+    /// A worker busy on a record whose partition was released meanwhile (nobody awaits its
+    /// answer any more) stays the key's only worker: it is not passivated, and the next
+    /// checkout of the key (the partition's next owner) gets it, so the new record queues
+    /// behind the old one instead of running beside it.
+    #[test]
+    fn a_message_dropped_unhandled_is_not_pending() {
+        actix::System::new().block_on(async {
+            let handler = Arc::new(Held(Arc::new(Notify::new())));
+            let mut registry = WorkerRegistry::new(handler, Arc::new(supervision(0)), 10, Duration::ZERO, 16);
+            let (worker, pending) = registry.checkout("K");
+            // Sent and abandoned before the worker took it: actix drops it unhandled.
+            drop(worker.send(Process { record: record(), lease: Lease::new(), pending }));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(registry.pending("K"), 0);
+            registry.passivate_idle();
+            assert_eq!(registry.live(), 0);
+        });
+    }
+
+    #[test]
+    fn a_busy_worker_stays_the_keys_only_worker_until_it_finished() {
+        actix::System::new().block_on(async {
+            let release = Arc::new(Notify::new());
+            let handler = Arc::new(Held(Arc::clone(&release)));
+            let mut registry = WorkerRegistry::new(handler, Arc::new(supervision(0)), 10, Duration::ZERO, 16);
+            let (first, pending) = registry.checkout("K");
+            let abandoned = first.send(Process { record: record(), lease: Lease::new(), pending });
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            // The partition consumer that sent it is gone: its answer is never awaited.
+            drop(abandoned);
+            assert_eq!(registry.pending("K"), 1);
+            registry.passivate_idle();
+            assert_eq!(registry.live(), 1, "a busy worker is never passivated");
+            let (second, pending) = registry.checkout("K");
+            assert!(first == second, "one worker per key");
+            let queued = second.send(Process { record: record(), lease: Lease::new(), pending });
+            release.notify_one();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            release.notify_one();
+            assert_eq!(queued.await.ok(), Some(Ok(Completion::Handled("handled"))));
+            assert_eq!(registry.pending("K"), 0);
+            registry.passivate_idle();
+            assert_eq!(registry.live(), 0, "idle once both finished");
+        });
     }
 }

@@ -145,3 +145,149 @@ impl Supervision {
         }
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::atomic::AtomicU32;
+    use std::sync::Mutex;
+
+    use futures_util::future::BoxFuture;
+
+    use super::*;
+    use crate::db::{build_pool, PoolSettings};
+
+    /// Answers each call with the next of `script` (then `Ok`), counting calls.
+    struct Scripted {
+        script: Mutex<Vec<HandlerError>>,
+        calls: Arc<AtomicU32>,
+    }
+
+    impl RecordHandler for Scripted {
+        fn handle(&self, _: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let next = self.script.lock().ok().and_then(|mut s| if s.is_empty() { None } else { Some(s.remove(0)) });
+            Box::pin(async move {
+                match next {
+                    Some(e) => Err(e),
+                    None => Ok("handled"),
+                }
+            })
+        }
+    }
+
+    fn scripted(script: Vec<HandlerError>) -> (Scripted, Arc<AtomicU32>) {
+        let calls = Arc::new(AtomicU32::new(0));
+        (Scripted { script: Mutex::new(script), calls: Arc::clone(&calls) }, calls)
+    }
+
+    /// A supervision whose dead-letter writes can never succeed (no broker, no database):
+    /// a test that reaches one times out.
+    pub(crate) fn supervision(max_retries: u32) -> Supervision {
+        let producer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:9")
+            .set("log_level", "0")
+            .create()
+            .expect("producer");
+        let pool = build_pool(&PoolSettings {
+            url: "postgres://nobody@127.0.0.1:9/none".into(),
+            max_size: 1,
+            statement_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_millis(100),
+            application_name: "test".into(),
+        })
+        .expect("pool");
+        let metrics = Metrics::new().expect("metrics");
+        let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        Supervision {
+            pipeline: "test".into(),
+            policy: RetryPolicy {
+                max_retries,
+                initial: Duration::from_millis(1),
+                multiplier: 1.0,
+                max: Duration::from_millis(1),
+            },
+            dead_letters: DeadLetters::new(producer, "g".into(), metrics.clone(), stopping, pool),
+            metrics,
+            in_retry: Arc::default(),
+            health: Arc::default(),
+        }
+    }
+
+    pub(crate) fn record() -> Arc<Record> {
+        Arc::new(Record {
+            topic: "t".into(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            payload: None,
+            headers: Vec::new(),
+            timestamp: None,
+        })
+    }
+
+    async fn run(s: &Supervision, h: &Scripted, lease: Lease) -> Result<Completion, Stopping> {
+        tokio::time::timeout(Duration::from_secs(5), s.run(h, record(), lease)).await.expect("no dead-letter write")
+    }
+
+    #[tokio::test]
+    async fn an_unavailable_dependency_costs_the_record_no_retry() {
+        let s = supervision(0);
+        let (h, calls) = scripted((0..5).map(|_| HandlerError::unavailable("connection refused")).collect());
+        assert_eq!(run(&s, &h, Lease::new()).await, Ok(Completion::Handled("handled")));
+        assert_eq!(calls.load(Ordering::SeqCst), 6, "five waits, then the attempt that got through");
+        assert!(!s.health.is_degraded(), "the wait ended with the record");
+    }
+
+    #[tokio::test]
+    async fn the_pipeline_is_degraded_while_a_record_waits() {
+        let s = Arc::new(supervision(0));
+        let (h, _) = scripted((0..1_000_000).map(|_| HandlerError::unavailable("connection refused")).collect());
+        let lease = Lease::new();
+        let running = tokio::spawn({
+            let (s, lease) = (Arc::clone(&s), lease.clone());
+            async move { s.run(&h, record(), lease).await }
+        });
+        while !s.health.is_degraded() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Giving the partition up ends the wait at once: the record stays uncommitted.
+        lease.drain();
+        assert_eq!(running.await.expect("task"), Err(Stopping));
+        assert!(!s.health.is_degraded());
+    }
+
+    #[tokio::test]
+    async fn nothing_runs_under_a_revoked_lease() {
+        let s = supervision(3);
+        let (h, calls) = scripted(vec![HandlerError::poison("bad")]);
+        let lease = Lease::new();
+        lease.revoke();
+        assert_eq!(run(&s, &h, lease).await, Err(Stopping));
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "no attempt, no dead-letter write");
+    }
+
+    #[tokio::test]
+    async fn a_lease_revoked_during_a_retry_stops_the_record_before_its_next_attempt() {
+        let s = supervision(1_000);
+        let (h, calls) = scripted((0..1_000).map(|_| HandlerError::transient("lock timeout")).collect());
+        let lease = Lease::new();
+        let stop = lease.clone();
+        let revoke = async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            stop.revoke();
+        };
+        let (result, ()) = tokio::join!(run(&s, &h, lease), revoke);
+        assert_eq!(result, Err(Stopping));
+        assert!(calls.load(Ordering::SeqCst) < 1_000, "stopped before its budget ran out");
+    }
+
+    #[tokio::test]
+    async fn a_dead_letter_write_is_skipped_under_a_revoked_lease() {
+        let s = supervision(0);
+        let lease = Lease::new();
+        lease.revoke();
+        let r = record();
+        let write = lease.scope(s.dead_letters.publish(&r, "poison", "bad", 1));
+        assert_eq!(tokio::time::timeout(Duration::from_secs(5), write).await, Ok(Err(Stopping)));
+    }
+}
