@@ -612,9 +612,19 @@ async fn health_readiness_and_metrics() {
     let res = app.admin_get("/healthz").await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(json_body(res).await["status"], "ok");
-    let res = app.admin_get("/readyz").await;
-    assert_eq!(res.status(), StatusCode::OK, "readiness with the database and broker up");
-    assert_eq!(json_body(res).await["status"], "ready");
+    // Ready once every pipeline has its partition assignment (the groups join first).
+    let ready = wait_until("readiness with the database and broker up", Deadline::DEFAULT, || async {
+        let res = app.admin_get("/readyz").await;
+        let status = res.status();
+        let body = json_body(res).await;
+        if status == StatusCode::OK {
+            Ok(body)
+        } else {
+            Err(format!("{status}: {body}"))
+        }
+    })
+    .await;
+    assert_eq!(ready["status"], "ready");
 
     create_transfer(&app, "acc-m", "acc-n", 1).await;
     let res = app.get("/nowhere").await;
