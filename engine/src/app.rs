@@ -72,6 +72,9 @@ pub struct Daemon {
     listener_stop: watch::Sender<bool>,
     listener: Option<tokio::task::JoinHandle<()>>,
     kafka: KafkaEndpoint,
+    /// Disconnects once the HTTP state (it holds Kafka clients) is dropped, which HTTP
+    /// worker threads do a moment after the servers stopped.
+    state_dropped: std::sync::mpsc::Receiver<()>,
 }
 
 /// Starts every part of the daemon. Must run inside an actix `System`; the database must
@@ -150,6 +153,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
     let dlt_probe = Arc::new(
         crate::dlt::reader(&config.kafka, &kafka.bootstrap).context("cannot create the DLT watermark consumer")?,
     );
+    let (state_dropped_tx, state_dropped) = std::sync::mpsc::channel();
     let state = web::Data::new(AppState {
         pool,
         topics: config.kafka.topics.clone(),
@@ -163,6 +167,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         known_topics: config.topics_to_create(),
         stages,
         dlt_probe,
+        dropped: state_dropped_tx,
     });
     let intake = http::intake_server(state.clone(), &config.http)
         .with_context(|| format!("cannot bind the intake listener on {}", config.http.intake_addr))?;
@@ -182,6 +187,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         listener_stop,
         listener,
         kafka,
+        state_dropped,
     };
     Ok(daemon)
 }
@@ -194,11 +200,9 @@ impl Daemon {
     }
 
     /// Stops everything in the order of DESIGN.md §3, logging each step, and hands back
-    /// the Kafka endpoint: the caller drops it (and with it an embedded broker) only after
-    /// the actix `System` has stopped, because actors still hold Kafka clients until then
-    /// and a broker that stops before its clients makes them log `AllBrokersDown` errors.
-    #[must_use = "drop the endpoint after the actix System has stopped"]
-    pub async fn shutdown(self) -> KafkaEndpoint {
+    /// what must outlive the actix `System`: see [`Stopped`].
+    #[must_use = "call Stopped::release after the actix System has stopped"]
+    pub async fn shutdown(self) -> Stopped {
         info!("Shutdown: stopping intake (no new requests).");
         self.intake.stop(true).await;
         info!(
@@ -229,18 +233,31 @@ impl Daemon {
             let _ = server.await;
         }
         info!("Shutdown complete.");
-        self.kafka
+        Stopped { kafka: self.kafka, state_dropped: self.state_dropped }
     }
 }
 
-/// Drops `endpoint` once the actix `System` that used it is gone: its embedded broker (if
-/// this was the last user of it) stops after every client.
-pub fn stop_embedded_broker(endpoint: Option<KafkaEndpoint>) {
-    if let Some(broker) = endpoint.and_then(|e| e.embedded) {
-        if Arc::strong_count(&broker) == 1 {
-            info!("Stopping the embedded broker.");
+/// A stopped daemon's Kafka endpoint. Actors hold Kafka clients until the actix `System`
+/// is gone, and HTTP worker threads hold the HTTP state's clients a moment after the
+/// servers stopped; an embedded broker that stops before its clients makes them log
+/// `AllBrokersDown` errors. So: drop the System, then [`Stopped::release`].
+pub struct Stopped {
+    kafka: KafkaEndpoint,
+    state_dropped: std::sync::mpsc::Receiver<()>,
+}
+
+impl Stopped {
+    /// Waits (at most 5 s) until the HTTP state is dropped, then drops the endpoint: an
+    /// embedded broker (when this was its last user) stops after every client.
+    pub fn release(self) {
+        // Nothing is ever sent: the receiver returns when the sender is dropped.
+        let _ = self.state_dropped.recv_timeout(Duration::from_secs(5));
+        if let Some(broker) = self.kafka.embedded {
+            if Arc::strong_count(&broker) == 1 {
+                info!("Stopping the embedded broker.");
+            }
+            drop(broker);
         }
-        drop(broker);
     }
 }
 
@@ -310,7 +327,9 @@ pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Res
                 }
             });
             drop(system);
-            stop_embedded_broker(endpoint);
+            if let Some(stopped) = endpoint {
+                stopped.release();
+            }
         })
         .context("cannot start the daemon thread")?;
     let (intake_addr, admin_addr, bootstrap) =

@@ -162,7 +162,7 @@ fn run(config: Config) -> anyhow::Result<()> {
         format!("cannot prepare the database at {}", database::redact(config.database.url.expose()))
     })?;
     let system = actix::System::new();
-    let endpoint = system.block_on(async move {
+    let stopped = system.block_on(async move {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
         let daemon = app::start(config, kafka, expected).await?;
         info!(intake = %daemon.intake_addr, admin = %daemon.admin_addr, "tally is running; stop with Ctrl-C or SIGTERM.");
@@ -171,7 +171,7 @@ fn run(config: Config) -> anyhow::Result<()> {
     })?;
     // Actors hold Kafka clients until the System is gone; the embedded broker goes last.
     drop(system);
-    app::stop_embedded_broker(Some(endpoint));
+    stopped.release();
     Ok(())
 }
 

@@ -612,7 +612,7 @@ async fn health_readiness_and_metrics() {
     let res = app.admin_get("/healthz").await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(json_body(res).await["status"], "ok");
-    // Ready means able: once every pipeline has its assignment.
+    // Ready once every pipeline has its partition assignment (the groups join first).
     let ready = wait_until("readiness with the database and broker up", Deadline::DEFAULT, || async {
         let res = app.admin_get("/readyz").await;
         let status = res.status();

@@ -45,6 +45,10 @@ pub struct AppState {
     /// A long-lived assign-only consumer for DLT watermarks (`/admin/dlt`, `/metrics`), so
     /// that a scrape does not pay for a new Kafka connection. Never assigned, never commits.
     pub dlt_probe: std::sync::Arc<rdkafka::consumer::BaseConsumer>,
+    /// Keep last: fields drop in declaration order, so when this sender is dropped (its
+    /// receiver disconnects) every Kafka client above is destroyed. The daemon stops an
+    /// embedded broker only after that.
+    pub dropped: std::sync::mpsc::Sender<()>,
 }
 
 /// A bound, not yet running, HTTP server and its address.
