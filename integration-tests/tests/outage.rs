@@ -238,11 +238,12 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
     }
     wait_degraded(&first, true).await;
 
-    let second = env.spawn(|c| {
-        short_budget(c);
-        c.pipelines.outbox = false;
-    })
-    .await;
+    let second = env
+        .spawn(|c| {
+            short_budget(c);
+            c.pipelines.outbox = false;
+        })
+        .await;
     wait_until("the second daemon settles the partitions it got", Deadline::DEFAULT, || async {
         let n = env.db.count("processed_transfers").await;
         let owned = pipeline(&second, "ledger").await["partitions"].as_array().map_or(0, Vec::len);
