@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests create a fresh database per test on this server.
 export TALLY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: help run test test-kafka lint fmt migrate broker schema db bench
+.PHONY: help run test test-kafka lint fmt migrate broker schema db bench noida
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -16,12 +16,15 @@ db: ## Make sure the local PostgreSQL is running
 run: db ## Run the daemon on the embedded defaults (local PostgreSQL, in-process Kafka)
 	$(CARGO) run -p tally-engine --bin tally -- run
 
-test: db ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
+test: db noida ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
 	$(CARGO) test --workspace --all-targets --no-fail-fast
 
-test-kafka: db ## Tests that need a real Kafka cluster (set TALLY_TEST_KAFKA=host:port)
+test-kafka: db ## The transaction tests against another cluster (set TALLY_TEST_KAFKA=host:port)
 	@test -n "$$TALLY_TEST_KAFKA" || { echo "Set TALLY_TEST_KAFKA=host:port of a real cluster."; exit 2; }
-	$(CARGO) test -p tally-integration-tests --test flow -- --ignored
+	$(CARGO) test -p tally-integration-tests --test noida read_committed
+
+noida: ## Install noida-db (a Kafka with real transactions, for tests) under target/, once
+	@scripts/ensure-noida.sh >/dev/null
 
 lint: ## fmt check, clippy -D warnings on all targets, docs
 	$(CARGO) fmt --all -- --check

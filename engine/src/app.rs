@@ -109,6 +109,10 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         metrics: metrics.clone(),
         dlt_producer: dlt_producer.clone(),
     };
+    // Antifraud first: its `init_transactions` fences (and aborts) the open transaction a
+    // crashed predecessor with the same instance id left behind, before this instance's
+    // read_committed consumers start fetching behind it.
+    let antifraud = if config.pipelines.antifraud { Some(shared.start_antifraud()?) } else { None };
     let mut running = Vec::new();
     if config.pipelines.ledger {
         running.push(shared.start_ledger()?);
@@ -116,7 +120,6 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
     if config.pipelines.projection {
         running.push(shared.start_projection()?);
     }
-    let antifraud = if config.pipelines.antifraud { Some(shared.start_antifraud()?) } else { None };
     if config.pipelines.orders {
         running.push(shared.start_orders()?);
     }

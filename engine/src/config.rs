@@ -182,6 +182,7 @@ impl Serialize for ClientProperties {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    pub instance: InstanceConfig,
     pub database: DatabaseConfig,
     pub kafka: KafkaConfig,
     pub http: HttpConfig,
@@ -194,6 +195,31 @@ pub struct Config {
     pub orders: OrdersConfig,
     pub notifications: NotificationsConfig,
     pub log: LogConfig,
+}
+
+/// Who this daemon is among the instances of one deployment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InstanceConfig {
+    /// Stable across restarts and unique per running instance (two instances with the same
+    /// id fence each other). Each pipeline's consumer joins its group as the static member
+    /// `<id>-<pipeline>` (`group.instance.id`), so a restarted instance takes its partitions
+    /// back at once, and antifraud's `transactional.id` is `tally-antifraud-<id>`, so a
+    /// restarted instance fences its predecessor's open transaction at start. Default: the
+    /// host name.
+    pub id: String,
+}
+
+impl Default for InstanceConfig {
+    fn default() -> Self {
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "tally".into());
+        Self { id: host }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -317,8 +343,8 @@ pub struct NotificationsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct AntifraudConfig {
     pub group_id: String,
-    /// Transactional id of this instance; must be unique per running instance. Empty:
-    /// `tally-antifraud-<hostname>-<random>`.
+    /// Transactional id of this instance; must be unique per running instance and stable
+    /// across its restarts. Empty: `tally-antifraud-<instance.id>`.
     pub transactional_id: String,
     /// Scores at or above this are blocked (seed: 80).
     pub block_score: i32,
@@ -723,6 +749,13 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         fn invalid(key: &'static str, problem: impl Into<String>) -> Result<(), ConfigError> {
             Err(ConfigError::Invalid { key, problem: problem.into() })
+        }
+        let id = &self.instance.id;
+        if id.is_empty()
+            || id.len() > 100
+            || !id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return invalid("instance.id", "must be 1 to 100 characters of letters, digits, '.', '_' and '-'");
         }
         let url = self.database.url.expose();
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {

@@ -45,6 +45,13 @@ impl RetryConfig {
 }
 
 impl Shared<'_> {
+    /// Consumer settings of pipeline `name`: static membership as `<instance.id>-<name>`.
+    fn consumer_client(&self, name: &str) -> ClientConfig {
+        let mut client = self.client(name, &self.config.kafka.consumer);
+        client.set("group.instance.id", format!("{}-{name}", self.config.instance.id));
+        client
+    }
+
     fn client(&self, name: &str, pass_through: &std::collections::BTreeMap<String, String>) -> ClientConfig {
         let mut client = ClientConfig::new();
         client.set("bootstrap.servers", self.bootstrap).set("client.id", format!("tally-{name}"));
@@ -64,7 +71,7 @@ impl Shared<'_> {
         retry: &RetryConfig,
         attempt_timeout: Duration,
     ) -> PipelineSpec {
-        let client = self.client(name, &self.config.kafka.consumer);
+        let client = self.consumer_client(name);
         let c = &self.config.consumer;
         let worst_case = retry.policy().worst_case(attempt_timeout);
         let drain_timeout = Duration::from_millis(c.drain_timeout_ms).max(worst_case);
@@ -221,12 +228,7 @@ impl Shared<'_> {
         let cfg = &self.config.antifraud;
         let topics = &self.config.kafka.topics;
         let transactional_id = if cfg.transactional_id.is_empty() {
-            let host = std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| "local".into());
-            format!("tally-antifraud-{host}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+            format!("tally-antifraud-{}", self.config.instance.id)
         } else {
             cfg.transactional_id.clone()
         };
@@ -235,7 +237,7 @@ impl Shared<'_> {
             input: topics.transfers_requested.clone(),
             analyzed: topics.transfers_analyzed.clone(),
             rejected: topics.transfers_rejected.clone(),
-            consumer: self.client("antifraud", &self.config.kafka.consumer),
+            consumer: self.consumer_client("antifraud"),
             producer: self.client("antifraud", &self.config.kafka.producer),
             transactional_id,
             block_limit: cfg.block_score,

@@ -42,6 +42,8 @@ use tally_engine::{Config, DaemonHandle};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};
 
+pub mod noida;
+
 pub use tally_engine;
 
 /// The server on which tests create their databases.
@@ -292,6 +294,8 @@ impl TestEnv {
     #[must_use]
     pub fn config(&self) -> Config {
         let mut c = Config::default();
+        // Unique per daemon: several daemons of one test are several instances.
+        c.instance.id = format!("test-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         c.database.url = SecretUrl::new(self.db.url());
         c.database.pool_size = 4;
         c.kafka.embedded_brokers = self.broker.broker_count();
@@ -354,7 +358,7 @@ impl std::fmt::Debug for TestApp {
 }
 
 impl TestApp {
-    fn new(handle: DaemonHandle, config: Config) -> Self {
+    pub(crate) fn new(handle: DaemonHandle, config: Config) -> Self {
         let client =
             reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("build the HTTP client");
         Self {
@@ -709,6 +713,7 @@ pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> std::proces
         .env("TALLY__KAFKA__CREATE_TOPICS", "false")
         .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
         .env("TALLY__HTTP__ADMIN_ADDR", "127.0.0.1:0")
+        .env("TALLY__INSTANCE__ID", format!("test-child-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
         .envs(extra.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())

@@ -5,7 +5,7 @@
 //! brokers, in this process). The mock does not hide aborted records from read_committed
 //! consumers and does not store offsets sent in a transaction, so these tests assert that
 //! downstream stages stay exactly-once in effect (derived ids + the ledger inbox); the
-//! read_committed isolation test runs only against a real cluster (`TALLY_TEST_KAFKA`).
+//! isolation, fencing and restart tests run on noida-db (`tests/noida.rs`).
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use rdkafka::types::RDKafkaRespErr;
@@ -144,48 +144,6 @@ async fn errors_mid_transaction_abort_and_redo_without_double_effects() {
     assert!(aborted >= 1.0, "the injected errors aborted at least one transaction ({aborted})");
     let check = json_body(app.admin_get("/admin/ledger/check").await).await;
     assert_eq!(check["ok"], true, "{check}");
-}
-
-/// Real cluster only (`TALLY_TEST_KAFKA=host:port`): records of an aborted transaction are
-/// invisible to read_committed consumers, and the committed ones are visible.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a real Kafka cluster: set TALLY_TEST_KAFKA=host:port and run make test-kafka"]
-async fn read_committed_hides_aborted_transactions_on_a_real_cluster() {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    use std::time::Duration;
-    let bootstrap = std::env::var("TALLY_TEST_KAFKA").expect("TALLY_TEST_KAFKA names a real cluster");
-    let topic = format!("tally-isolation-{}", Uuid::new_v4().simple());
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("transactional.id", format!("tally-test-{}", Uuid::new_v4().simple()))
-        .create()
-        .expect("transactional producer");
-    producer.init_transactions(Duration::from_secs(30)).expect("init");
-    producer.begin_transaction().expect("begin");
-    producer.send(BaseRecord::to(&topic).key("k").payload("aborted")).map_err(|(e, _)| e).expect("send");
-    producer.flush(Duration::from_secs(30)).expect("flush");
-    producer.abort_transaction(Duration::from_secs(30)).expect("abort");
-    producer.begin_transaction().expect("begin");
-    producer.send(BaseRecord::to(&topic).key("k").payload("committed")).map_err(|(e, _)| e).expect("send");
-    producer.commit_transaction(Duration::from_secs(30)).expect("commit");
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", format!("tally-test-{}", Uuid::new_v4().simple()))
-        .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .expect("consumer");
-    consumer.subscribe(&[&topic]).expect("subscribe");
-    let mut seen = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while seen.is_empty() && std::time::Instant::now() < deadline {
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(500)) {
-            seen.push(rdkafka::Message::payload(&m).map(<[u8]>::to_vec));
-        }
-    }
-    assert_eq!(seen, vec![Some(b"committed".to_vec())], "only the committed record is visible");
 }
 
 /// The projection is monotonic: a late or contradictory event never moves a final state.
