@@ -107,10 +107,7 @@ pub fn decide_batch(
 ///
 /// # Errors
 /// Any database error.
-pub async fn load(
-    conn: &mut AsyncPgConnection,
-    ids: &[Uuid],
-) -> Result<HashMap<Uuid, Decision>, diesel::result::Error> {
+pub async fn load(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<HashMap<Uuid, Decision>, diesel::result::Error> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
@@ -139,10 +136,7 @@ struct Inserted {
 ///
 /// # Errors
 /// Any database error.
-pub async fn store(
-    conn: &mut AsyncPgConnection,
-    decisions: &[Decision],
-) -> Result<HashSet<Uuid>, diesel::result::Error> {
+pub async fn store(conn: &mut AsyncPgConnection, decisions: &[Decision]) -> Result<HashSet<Uuid>, diesel::result::Error> {
     if decisions.is_empty() {
         return Ok(HashSet::new());
     }
