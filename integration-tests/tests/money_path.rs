@@ -9,8 +9,8 @@
 
 use serde_json::json;
 use tally_integration_tests::{
-    assert_error, assert_ledger_ok, balance_of, create_account, final_state, post_transfer, postings_of,
-    produce, producer, read_topic, spawn_app, wait_until, Deadline, KafkaRecord, TestDb, TestEnv,
+    assert_error, assert_ledger_ok, balance_of, create_account, final_state, post_transfer, postings_of, produce,
+    producer, read_topic, spawn_app, wait_until, Deadline, KafkaRecord, TestDb, TestEnv,
 };
 use uuid::Uuid;
 
@@ -113,7 +113,8 @@ async fn an_antifraud_decision_stands_when_the_transfer_is_delivered_again() {
         assert_eq!(decisions_of(&env.db, id).await, 1, "one stored decision for {id}");
     }
     let check = assert_ledger_ok(&app).await;
-    let names: Vec<&str> = check["invariants"].as_array().into_iter().flatten().filter_map(|i| i["name"].as_str()).collect();
+    let names: Vec<&str> =
+        check["invariants"].as_array().into_iter().flatten().filter_map(|i| i["name"].as_str()).collect();
     assert!(names.contains(&"status_agrees_with_postings") && names.contains(&"blocked_transfers_have_no_postings"));
 }
 
@@ -159,7 +160,10 @@ fn analyzed(id: Uuid, from: &str, to: &str, amount: i64) -> Vec<u8> {
 async fn processed(db: &TestDb, id: Uuid) -> (String, Option<String>) {
     wait_until(&format!("the ledger processes {id}"), Deadline::DEFAULT, || async {
         let rows = db
-            .query("SELECT outcome, reason FROM processed_transfers WHERE transfer_id = $1 AND outcome <> 'PROCESSING'", &[&id])
+            .query(
+                "SELECT outcome, reason FROM processed_transfers WHERE transfer_id = $1 AND outcome <> 'PROCESSING'",
+                &[&id],
+            )
             .await;
         rows.first().map(|r| (r.get::<_, String>(0), r.get::<_, Option<String>>(1))).ok_or_else(|| "not yet".to_owned())
     })
@@ -232,7 +236,10 @@ async fn balances_and_amounts_stay_under_the_ceiling() {
     assert_error(res, reqwest::StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "amount past the ceiling").await;
     let id = post_transfer(&app, "O-SRC", "O-TOP", 1).await;
     let v = final_state(&app, id).await;
-    assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("REJECTED"), Some("BALANCE_LIMIT_EXCEEDED")));
+    assert_eq!(
+        (v["status"].as_str(), v["rejectionReason"].as_str()),
+        (Some("REJECTED"), Some("BALANCE_LIMIT_EXCEEDED"))
+    );
     assert_eq!(postings_of(&env.db, id).await, 0);
     assert_eq!(balance_of(&app, "O-TOP").await, ceiling);
     assert_eq!(balance_of(&app, "O-SRC").await, 100);
@@ -260,8 +267,15 @@ async fn database_errors_are_classified_by_cause() {
     }
     let long_trace = format!("00-{}-{}-01-and-more", "a".repeat(32), "b".repeat(16));
     let traced = Uuid::new_v4();
-    produce(&p, "transfers.analyzed", Some(0), "C-A", &analyzed(traced, "C-A", "C-B", 20), &[("traceparent", &long_trace)])
-        .await;
+    produce(
+        &p,
+        "transfers.analyzed",
+        Some(0),
+        "C-A",
+        &analyzed(traced, "C-A", "C-B", 20),
+        &[("traceparent", &long_trace)],
+    )
+    .await;
 
     let dlt = wait_until("the 13-cent transfer in the DLT", Deadline::DEFAULT, || async {
         let records = read_topic(env.bootstrap(), "transfers.analyzed-dlt", Deadline::secs(5))

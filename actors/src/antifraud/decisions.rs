@@ -107,7 +107,10 @@ pub fn decide_batch(
 ///
 /// # Errors
 /// Any database error.
-pub async fn load(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<HashMap<Uuid, Decision>, diesel::result::Error> {
+pub async fn load(
+    conn: &mut AsyncPgConnection,
+    ids: &[Uuid],
+) -> Result<HashMap<Uuid, Decision>, diesel::result::Error> {
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
@@ -136,7 +139,10 @@ struct Inserted {
 ///
 /// # Errors
 /// Any database error.
-pub async fn store(conn: &mut AsyncPgConnection, decisions: &[Decision]) -> Result<HashSet<Uuid>, diesel::result::Error> {
+pub async fn store(
+    conn: &mut AsyncPgConnection,
+    decisions: &[Decision],
+) -> Result<HashSet<Uuid>, diesel::result::Error> {
     if decisions.is_empty() {
         return Ok(HashSet::new());
     }

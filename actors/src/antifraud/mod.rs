@@ -341,7 +341,9 @@ async fn decide_stored(
     if io.consumer.context().assigned.load(Ordering::Relaxed) {
         if let Some(window) = risk.window() {
             let recent = decisions::recent(&mut conn, window).await.map_err(db)?;
-            risk.rebuild(&recent.into_iter().map(|r| (r.source_account, r.transfer_id, r.requested_at)).collect::<Vec<_>>());
+            risk.rebuild(
+                &recent.into_iter().map(|r| (r.source_account, r.transfer_id, r.requested_at)).collect::<Vec<_>>(),
+            );
         }
         io.consumer.context().assigned.store(false, Ordering::Relaxed);
     }
@@ -351,7 +353,8 @@ async fn decide_stored(
     // Stored with microsecond precision: keep the same precision, so the first delivery
     // and every later one publish the same time.
     let now = Utc::now().trunc_subsecs(6);
-    let (mut all, new) = decisions::decide_batch(requests, &stored, risk, io.spec.block_limit, BLOCKED_BY_ANTIFRAUD, now);
+    let (mut all, new) =
+        decisions::decide_batch(requests, &stored, risk, io.spec.block_limit, BLOCKED_BY_ANTIFRAUD, now);
     let inserted = decisions::store(&mut conn, &new).await.map_err(db)?;
     let lost: Vec<Uuid> = new.iter().map(|d| d.transfer_id).filter(|id| !inserted.contains(id)).collect();
     if !lost.is_empty() {
@@ -395,7 +398,9 @@ fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, batch: &[Record], o
                 if renew {
                     match new_producer(spec) {
                         Ok(p) => *producer = p,
-                        Err(e) => warn!(pipeline = PIPELINE, error = %e, "Cannot re-create the transactional producer."),
+                        Err(e) => {
+                            warn!(pipeline = PIPELINE, error = %e, "Cannot re-create the transactional producer.")
+                        }
                     }
                 } else if let Err(e) = producer.abort_transaction(spec.transaction_timeout) {
                     warn!(pipeline = PIPELINE, error = %e, "Abort failed; re-creating the producer.");
@@ -432,14 +437,8 @@ const DEAD_LETTERS_TABLE: &str = "dead_letters";
 fn store_refused(io: &LoopIo<'_>, batch: &[Record], o: &Output, dlt_error: &str) -> bool {
     let Some((index, reason)) = &o.dead_letter else { return false };
     let Some(record) = batch.get(*index) else { return false };
-    let row = DeadLetterRow {
-        record,
-        group: &io.spec.group_id,
-        kind: "poison",
-        message: reason,
-        attempts: 1,
-        dlt_error,
-    };
+    let row =
+        DeadLetterRow { record, group: &io.spec.group_id, kind: "poison", message: reason, attempts: 1, dlt_error };
     let result = io.runtime.block_on(async {
         let mut conn = io.pool.get().await.map_err(|e| e.to_string())?;
         store_dead_letter(&mut conn, &row).await.map_err(|e| e.to_string())

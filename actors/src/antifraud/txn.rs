@@ -97,10 +97,8 @@ pub(super) fn transact<C: ConsumerContext>(
         }
     }
     // Without group metadata the offsets cannot join the transaction: abort and retry.
-    let group = consumer
-        .group_metadata()
-        .ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::InvalidGroupId))
-        .map_err(fail)?;
+    let group =
+        consumer.group_metadata().ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::InvalidGroupId)).map_err(fail)?;
     let produced = Instant::now();
     producer.send_offsets_to_transaction(offsets, &group, spec.transaction_timeout).map_err(fail)?;
     let offsets_sent = Instant::now();

@@ -91,10 +91,7 @@ impl Classify for diesel::result::Error {
                 ErrorClass::Unavailable
             }
             Error::DatabaseError(
-                K::UniqueViolation
-                | K::ForeignKeyViolation
-                | K::NotNullViolation
-                | K::CheckViolation,
+                K::UniqueViolation | K::ForeignKeyViolation | K::NotNullViolation | K::CheckViolation,
                 _,
             ) => ErrorClass::Poison,
             Error::DatabaseError(K::SerializationFailure, _) => ErrorClass::Transient,

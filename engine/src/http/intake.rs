@@ -156,9 +156,10 @@ pub async fn create_account(
     let id = AccountId::parse("id", &body.id)?;
     let currency = Currency::parse("currency", &body.currency)?;
     let max = state.max_balance_cents;
-    let balance = body.initial_balance_cents.as_i64().filter(|b| (0..=max).contains(b)).ok_or_else(|| {
-        ApiError::Validation(format!("initialBalanceCents must be an integer between 0 and {max}"))
-    })?;
+    let balance =
+        body.initial_balance_cents.as_i64().filter(|b| (0..=max).contains(b)).ok_or_else(|| {
+            ApiError::Validation(format!("initialBalanceCents must be an integer between 0 and {max}"))
+        })?;
     let mut conn = state.pool.get().await?;
     match store::create_account(&mut conn, id.as_str(), currency.as_str(), balance).await? {
         Some(account) => Ok(HttpResponse::Created()
