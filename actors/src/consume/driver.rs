@@ -1,0 +1,322 @@
+//! The driver loop of a pipeline: polls, routes records to their partition's queue
+//! (holding a partition whose next record does not fit: queue full, uncommitted window
+//! full, not yet due), serves pause and resume, follows the dependency health, stores
+//! watermarks and publishes gauges and status.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::TopicPartitionList;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::assignment::{DriverContext, Shared, Slot, TopicPartition};
+use super::{Control, PartitionStatus, Record};
+
+pub(super) fn drive(
+    consumer: &BaseConsumer<DriverContext>,
+    shared: &Arc<Shared>,
+    control: &std::sync::mpsc::Receiver<Control>,
+) {
+    let name = shared.spec.name.clone();
+    let mut paused_all = false;
+    let mut last_gauges = Instant::now();
+    let mut last_passivation = Instant::now();
+    let mut last_lag = Instant::now();
+    loop {
+        while let Ok(c) = control.try_recv() {
+            match c {
+                Control::Stop(done) => {
+                    info!(pipeline = %name, "Stopping: no more fetching; draining in-flight records.");
+                    let all: Vec<TopicPartition> = shared.slots().keys().cloned().collect();
+                    shared.revoke(consumer, &all);
+                    consumer.unsubscribe();
+                    let _ = done.send(());
+                    return;
+                }
+                Control::Pause(applied) => {
+                    if let Ok(tpl) = consumer.assignment() {
+                        let _ = consumer.pause(&tpl);
+                    }
+                    paused_all = true;
+                    shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
+                    info!(pipeline = %name, "Pipeline paused.");
+                    let _ = applied.send(());
+                }
+                Control::Resume(applied) => {
+                    paused_all = false;
+                    shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
+                    // While degraded the partitions stay paused; resumed when it ends.
+                    if !shared.degraded_pause.load(Ordering::Relaxed) {
+                        resume_unheld(consumer, shared);
+                    }
+                    let _ = applied.send(());
+                    info!(pipeline = %name, "Pipeline resumed.");
+                }
+            }
+        }
+        follow_health(consumer, shared, paused_all);
+        let ready = shared.slots().values().any(|s| {
+            s.stash.front().is_some_and(|r| is_due(shared, r) && s.admits(r.offset, shared.spec.max_uncommitted))
+        });
+        let waiting = shared.slots().values().any(|s| !s.stash.is_empty());
+        let timeout = Duration::from_millis(if ready {
+            5
+        } else if waiting {
+            20
+        } else {
+            100
+        });
+        match consumer.poll(timeout) {
+            Some(Ok(message)) => {
+                let record = Arc::new(Record::from_message(&message));
+                drop(message);
+                route(consumer, shared, record);
+            }
+            Some(Err(e)) => warn!(pipeline = %name, error = %e, "Consumer error."),
+            None => {}
+        }
+        if !paused_all && !shared.degraded_pause.load(Ordering::Relaxed) {
+            flush_stashes(consumer, shared);
+        }
+        store_watermarks(consumer, shared);
+        if last_gauges.elapsed() >= Duration::from_millis(500) {
+            last_gauges = Instant::now();
+            publish_gauges(shared);
+        }
+        if last_lag.elapsed() >= Duration::from_secs(2) {
+            last_lag = Instant::now();
+            refresh_lag(consumer, shared);
+        }
+        if last_passivation.elapsed() >= Duration::from_secs(5) {
+            last_passivation = Instant::now();
+            shared.registry.lock().unwrap_or_else(PoisonError::into_inner).passivate_idle();
+        }
+    }
+}
+
+/// Resumes every assigned partition not held by backpressure, the uncommitted window or a
+/// not-yet-due record (the stash flush resumes those).
+fn resume_unheld(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+    if let Ok(tpl) = consumer.assignment() {
+        let mut ready = TopicPartitionList::new();
+        let slots = shared.slots();
+        for e in tpl.elements() {
+            let held = slots.get(&(e.topic().to_owned(), e.partition())).is_some_and(|s| s.paused);
+            if !held {
+                ready.add_partition(e.topic(), e.partition());
+            }
+        }
+        drop(slots);
+        if let Err(e) = consumer.resume(&ready) {
+            warn!(pipeline = %shared.spec.name, error = %e, "Cannot resume partitions.");
+        }
+    }
+}
+
+/// Pauses the assignment when the pipeline became degraded (a record waits for an
+/// unavailable dependency) and resumes it when no record waits any more, unless the
+/// pipeline is paused through the admin API.
+fn follow_health(consumer: &BaseConsumer<DriverContext>, shared: &Shared, admin_paused: bool) {
+    let name = &shared.spec.name;
+    let degraded = shared.health.is_degraded();
+    if degraded == shared.degraded_pause.load(Ordering::Relaxed) {
+        return;
+    }
+    shared.degraded_pause.store(degraded, Ordering::Relaxed);
+    shared.metrics.pipeline_degraded.with_label_values(&[name]).set(i64::from(degraded));
+    if degraded {
+        if let Ok(tpl) = consumer.assignment() {
+            if let Err(e) = consumer.pause(&tpl) {
+                warn!(pipeline = %name, error = %e, "Cannot pause partitions.");
+            }
+        }
+        let reason = shared.health.degradation().map(|d| d.reason).unwrap_or_default();
+        warn!(pipeline = %name, reason, "Pipeline degraded: a dependency is unavailable; partitions paused.");
+    } else {
+        if !admin_paused {
+            resume_unheld(consumer, shared);
+        }
+        info!(pipeline = %name, "Dependency available again; pipeline resumed.");
+    }
+    publish_gauges(shared);
+}
+
+fn tpl_of(topic: &str, partition: i32) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    tpl
+}
+
+fn route(consumer: &BaseConsumer<DriverContext>, shared: &Shared, record: Arc<Record>) {
+    let mut slots = shared.slots();
+    let tp = (record.topic.clone(), record.partition);
+    let Some(slot) = slots.get_mut(&tp) else {
+        // Not (or no longer) ours: it stays uncommitted and goes to the partition's owner.
+        return;
+    };
+    if !slot.stash.is_empty() {
+        slot.stash.push_back(record);
+        return;
+    }
+    if !is_due(shared, &record) || !slot.admits(record.offset, shared.spec.max_uncommitted) {
+        slot.stash.push_back(record);
+        hold(consumer, shared, slot, &tp);
+        return;
+    }
+    let offset = record.offset;
+    match slot.tx.try_send(record) {
+        Ok(()) => {
+            slot.first_taken.get_or_insert(offset);
+        }
+        Err(mpsc::error::TrySendError::Full(record)) => {
+            slot.stash.push_back(record);
+            hold(consumer, shared, slot, &tp);
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => {}
+    }
+}
+
+/// Pauses a partition whose next record is in hand (queue full, window full, or not yet
+/// due).
+/// librdkafka drops what it prefetched for it and, on resume, fetches again after the last
+/// record handed to tally.
+fn hold(consumer: &BaseConsumer<DriverContext>, shared: &Shared, slot: &mut Slot, tp: &TopicPartition) {
+    if !slot.paused {
+        slot.paused = true;
+        if let Err(e) = consumer.pause(&tpl_of(&tp.0, tp.1)) {
+            warn!(pipeline = %shared.spec.name, error = %e, "Cannot pause partition.");
+        }
+    }
+}
+
+/// Whether `record` may be handled now (always, unless the pipeline reads a due header).
+fn is_due(shared: &Shared, record: &Record) -> bool {
+    let Some(header) = shared.spec.due_header.as_deref() else { return true };
+    let Some(due) = record.header_str(header).and_then(|v| v.parse::<i64>().ok()) else { return true };
+    due <= chrono::Utc::now().timestamp_millis()
+}
+
+fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+    let mut slots = shared.slots();
+    for ((topic, partition), slot) in slots.iter_mut() {
+        while let Some(record) = slot.stash.pop_front() {
+            if !is_due(shared, &record) || !slot.admits(record.offset, shared.spec.max_uncommitted) {
+                slot.stash.push_front(record);
+                break;
+            }
+            let offset = record.offset;
+            match slot.tx.try_send(record) {
+                Ok(()) => {
+                    slot.first_taken.get_or_insert(offset);
+                }
+                Err(mpsc::error::TrySendError::Full(record)) => {
+                    slot.stash.push_front(record);
+                    break;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => slot.stash.clear(),
+            }
+        }
+        if slot.stash.is_empty() && slot.paused {
+            slot.paused = false;
+            if let Err(e) = consumer.resume(&tpl_of(topic, *partition)) {
+                warn!(pipeline = %shared.spec.name, error = %e, "Cannot resume partition.");
+            }
+        }
+    }
+}
+
+fn store_watermarks(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+    let mut stored_any = false;
+    for ((topic, partition), slot) in shared.slots().iter_mut() {
+        let watermark = slot.shared.watermark.load(Ordering::Acquire);
+        if watermark > slot.stored {
+            match consumer.store_offset(topic, *partition, watermark) {
+                Ok(()) => {
+                    slot.stored = watermark;
+                    stored_any = true;
+                }
+                Err(e) => debug!(pipeline = %shared.spec.name, topic, partition, error = %e, "Cannot store offset."),
+            }
+        }
+    }
+    if stored_any && shared.spec.commit_each {
+        // One commit request per completed record (the seed's acknowledge-after-each).
+        // Asynchronous, so that partitions stay parallel as with one consumer per
+        // partition; a synchronous commit here would serialise every partition behind it.
+        if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
+            debug!(pipeline = %shared.spec.name, error = %e, "Commit failed.");
+        }
+    }
+}
+
+/// Lag = the broker's high watermark - the next offset this pipeline will commit. Asked of
+/// the broker because librdkafka's own figure goes stale while a partition is paused.
+fn refresh_lag(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+    let positions: Vec<(TopicPartition, i64)> = {
+        let stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        shared
+            .slots()
+            .iter()
+            .map(|(tp, slot)| {
+                let committed = stats.get(tp).map_or(-1, |(c, _)| *c);
+                (tp.clone(), if slot.stored >= 0 { slot.stored + 1 } else { committed })
+            })
+            .collect()
+    };
+    let mut lags = HashMap::with_capacity(positions.len());
+    for ((topic, partition), next) in positions {
+        if let Ok((low, high)) = consumer.fetch_watermarks(&topic, partition, Duration::from_millis(500)) {
+            let lag = (high - if next >= 0 { next } else { low }).max(0);
+            shared.metrics.consumer_lag.with_label_values(&[&shared.spec.name, &partition.to_string()]).set(lag);
+            lags.insert((topic, partition), lag);
+        }
+    }
+    *shared.lags.lock().unwrap_or_else(PoisonError::into_inner) = lags;
+}
+
+fn publish_gauges(shared: &Shared) {
+    let name = &shared.spec.name;
+    let mut oldest = 0_u64;
+    for ((_, partition), slot) in shared.slots().iter() {
+        let in_flight = slot.shared.in_flight.load(Ordering::Relaxed) + slot.stash.len();
+        shared.metrics.inflight.with_label_values(&[name, &partition.to_string()]).set(in_flight as i64);
+        oldest = oldest.max(slot.shared.oldest_age_ms.load(Ordering::Relaxed));
+    }
+    shared.metrics.oldest_inflight_age_seconds.with_label_values(&[name]).set(oldest as f64 / 1000.0);
+    let live = shared.registry.lock().unwrap_or_else(PoisonError::into_inner).live();
+    shared.metrics.live_actors.with_label_values(&[name]).set(live as i64);
+
+    let stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let lags = shared.lags.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let mut partitions: Vec<PartitionStatus> = shared
+        .slots()
+        .iter()
+        .map(|((topic, partition), slot)| {
+            let committed = stats.get(&(topic.clone(), *partition)).map_or(-1, |(c, _)| *c);
+            let lag = lags.get(&(topic.clone(), *partition)).copied().unwrap_or(-1);
+            PartitionStatus {
+                topic: topic.clone(),
+                partition: *partition,
+                committed_offset: (committed >= 0).then_some(committed),
+                stored_offset: (slot.stored >= 0).then_some(slot.stored + 1),
+                lag: (lag >= 0).then_some(lag),
+                in_flight: slot.shared.in_flight.load(Ordering::Relaxed) + slot.stash.len(),
+                held: slot.paused,
+            }
+        })
+        .collect();
+    partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    let degradation = shared.health.degradation();
+    let mut status = shared.status.lock().unwrap_or_else(PoisonError::into_inner);
+    status.partitions = partitions;
+    status.keys_in_retry = shared.in_retry.load(Ordering::Relaxed);
+    status.live_workers = live;
+    status.degraded = degradation.is_some();
+    status.waiting_for_dependency = degradation.as_ref().map_or(0, |d| d.waiting);
+    status.degraded_seconds = degradation.as_ref().map(|d| d.since.as_secs_f64());
+    status.degraded_reason = degradation.map(|d| d.reason);
+}
