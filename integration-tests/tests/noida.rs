@@ -238,3 +238,33 @@ fn a_consumer_resuming_inside_an_aborted_transaction_reads_past_it() {
         later.iter().map(|r| String::from_utf8_lossy(r.payload.as_deref().unwrap_or_default()).into_owned()).collect();
     assert_eq!(payloads, vec!["s0", "s1", "s2", "s3", "s4"], "resumed at offset {resume}");
 }
+
+/// Topics are created with the durability settings tally asks for, read back from a broker
+/// that answers DescribeConfigs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_are_created_with_their_configs() {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::ClientConfig;
+    let broker = NoidaBroker::start();
+    let db = TestDb::new().await;
+    let app = noida::spawn(&db, &broker, |c| {
+        c.kafka.retention_ms = 86_400_000;
+        c.kafka.topic_configs.insert("transfers.requested-dlt".into(), [("retention.ms".into(), "-1".into())].into());
+    })
+    .await;
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", broker.bootstrap()).create().expect("admin client");
+    let described = admin
+        .describe_configs(
+            [&ResourceSpecifier::Topic("transfers.requested"), &ResourceSpecifier::Topic("transfers.requested-dlt")],
+            &AdminOptions::new().request_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("DescribeConfigs");
+    let value = |i: usize, name: &str| -> Option<String> { described.get(i)?.as_ref().ok()?.get(name)?.value.clone() };
+    assert_eq!(value(0, "retention.ms").as_deref(), Some("86400000"));
+    assert_eq!(value(0, "min.insync.replicas").as_deref(), Some("1"), "min(2, replication_factor = 1)");
+    assert_eq!(value(1, "retention.ms").as_deref(), Some("-1"), "the per-topic override");
+    app.stop().await;
+}
