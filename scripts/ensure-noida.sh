@@ -8,18 +8,23 @@ cd "$(dirname "$0")/.."
 
 version=0.2.3
 venv=target/noida/venv
+site=target/noida/site
 marker=target/noida/installed-$version
 
 if [ ! -f "$marker" ]; then
-  echo "Installing noida-db $version into $venv ..." >&2
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "noida-db==$version"
+  echo "Installing noida-db $version under target/noida ..." >&2
+  rm -rf "$venv" "$site"
+  if python3 -m venv "$venv" 2>/dev/null; then
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "noida-db==$version"
+  else
+    # No venv module (Debian without python3-venv): a plain target directory will do.
+    python3 -m pip install --quiet --disable-pip-version-check --target "$site" "noida-db==$version"
+  fi
   touch "$marker"
 fi
-bin=$(ls "$venv"/lib/python3*/site-packages/noida_db/noida-db 2>/dev/null | head -n 1)
+bin=$(ls "$venv"/lib/python3*/site-packages/noida_db/noida-db "$site"/noida_db/noida-db 2>/dev/null | head -n 1 || true)
 if [ -z "$bin" ]; then
-  echo "noida-db $version is installed but its broker binary was not found under $venv." >&2
+  echo "noida-db $version is installed but its broker binary was not found under target/noida." >&2
   exit 1
 fi
 chmod +x "$bin"

@@ -202,12 +202,16 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct InstanceConfig {
     /// Stable across restarts and unique per running instance (two instances with the same
-    /// id fence each other). Each pipeline's consumer joins its group as the static member
-    /// `<id>-<pipeline>` (`group.instance.id`), so a restarted instance takes its partitions
-    /// back at once, and antifraud's `transactional.id` is `tally-antifraud-<id>`, so a
-    /// restarted instance fences its predecessor's open transaction at start. Default: the
-    /// host name.
+    /// id fence each other). Antifraud's `transactional.id` is `tally-antifraud-<id>`, so a
+    /// restarted instance fences (aborts) its predecessor's open transaction at start.
+    /// Default: the host name.
     pub id: String,
+    /// Join every consumer group as the static member `<id>-<pipeline>`
+    /// (`group.instance.id`): a restarted instance takes its partitions back at once,
+    /// without a rebalance; but a static member does not leave its group when it stops, so
+    /// an instance stopped for good leaves its partitions idle until `session.timeout.ms`.
+    /// Off by default until it is proven on the embedded broker as well.
+    pub static_membership: bool,
 }
 
 impl Default for InstanceConfig {
@@ -218,7 +222,7 @@ impl Default for InstanceConfig {
             .map(|h| h.trim().to_owned())
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "tally".into());
-        Self { id: host }
+        Self { id: host, static_membership: false }
     }
 }
 

@@ -45,10 +45,13 @@ impl RetryConfig {
 }
 
 impl Shared<'_> {
-    /// Consumer settings of pipeline `name`: static membership as `<instance.id>-<name>`.
+    /// Consumer settings of pipeline `name`: with `instance.static_membership`, the static
+    /// member `<instance.id>-<name>`.
     fn consumer_client(&self, name: &str) -> ClientConfig {
         let mut client = self.client(name, &self.config.kafka.consumer);
-        client.set("group.instance.id", format!("{}-{name}", self.config.instance.id));
+        if self.config.instance.static_membership {
+            client.set("group.instance.id", format!("{}-{name}", self.config.instance.id));
+        }
         client
     }
 

@@ -516,6 +516,23 @@ pub struct KafkaRecord {
 }
 
 impl KafkaRecord {
+    /// An owned copy of a consumed message.
+    #[must_use]
+    pub fn from_message(m: &rdkafka::message::BorrowedMessage<'_>) -> Self {
+        let headers = m
+            .headers()
+            .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
+            .unwrap_or_default();
+        Self {
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+            payload: m.payload().map(<[u8]>::to_vec),
+            headers,
+        }
+    }
+
     /// The first header named `name`, as UTF-8 text.
     #[must_use]
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -608,18 +625,7 @@ pub fn read_topic_blocking(bootstrap: &str, topic: &str, deadline: Deadline) -> 
             None => {}
             Some(Err(e)) => return Err(e).with_context(|| format!("cannot consume {topic}")),
             Some(Ok(m)) => {
-                let headers = m
-                    .headers()
-                    .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-                    .unwrap_or_default();
-                let record = KafkaRecord {
-                    topic: m.topic().to_owned(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-                    payload: m.payload().map(<[u8]>::to_vec),
-                    headers,
-                };
+                let record = KafkaRecord::from_message(&m);
                 if high.get(&record.partition).is_some_and(|hi| record.offset + 1 >= *hi) {
                     high.remove(&record.partition);
                 }

@@ -22,7 +22,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
 use rdkafka::ClientConfig;
 use tally_engine::config::SecretUrl;
 use tally_engine::Config;
@@ -204,20 +203,22 @@ pub fn read_committed_from(
     while started.elapsed() < within && last.elapsed() < quiet {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
             last = Instant::now();
-            let headers = m
-                .headers()
-                .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-                .unwrap_or_default();
-            records.push(KafkaRecord {
-                topic: m.topic().to_owned(),
-                partition: m.partition(),
-                offset: m.offset(),
-                key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-                payload: m.payload().map(<[u8]>::to_vec),
-                headers,
-            });
+            records.push(KafkaRecord::from_message(&m));
         }
     }
     records.sort_by_key(|r| (r.partition, r.offset));
     records
+}
+
+/// A transactional producer with `transactional.id` `id`, not yet initialised.
+///
+/// # Panics
+/// When it cannot be created.
+#[must_use]
+pub fn transactional_producer(bootstrap: &str, id: &str) -> rdkafka::producer::BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", id)
+        .create()
+        .expect("transactional producer")
 }

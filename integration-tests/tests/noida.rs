@@ -17,18 +17,13 @@ use uuid::Uuid;
 /// committed ones are visible.
 #[test]
 fn read_committed_hides_aborted_transactions() {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::producer::{BaseRecord, Producer};
     let local = std::env::var("TALLY_TEST_KAFKA").is_err().then(NoidaBroker::start);
     let bootstrap =
         local.as_ref().map_or_else(|| std::env::var("TALLY_TEST_KAFKA").unwrap_or_default(), NoidaBroker::bootstrap);
     eprintln!("broker: {}", if local.is_some() { "noida-db" } else { "TALLY_TEST_KAFKA" });
     let topic = format!("tally-isolation-{}", Uuid::new_v4().simple());
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("transactional.id", format!("tally-test-{}", Uuid::new_v4().simple()))
-        .create()
-        .expect("transactional producer");
+    let producer = noida::transactional_producer(&bootstrap, &format!("tally-test-{}", Uuid::new_v4().simple()));
     producer.init_transactions(Duration::from_secs(30)).expect("init");
     producer.begin_transaction().expect("begin");
     producer.send(BaseRecord::to(&topic).key("k").payload("aborted")).map_err(|(e, _)| e).expect("send");
@@ -93,19 +88,12 @@ async fn the_flow_on_a_transactional_broker_decides_each_transfer_once() {
 /// comes after it.
 #[test]
 fn a_new_producer_with_the_same_transactional_id_aborts_the_open_transaction() {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::producer::{BaseRecord, Producer};
     let broker = NoidaBroker::start();
     let bootstrap = broker.bootstrap();
     let topic = format!("tally-fencing-{}", Uuid::new_v4().simple());
     let id = format!("tally-test-{}", Uuid::new_v4().simple());
-    let make = || -> BaseProducer {
-        ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("transactional.id", &id)
-            .create()
-            .expect("transactional producer")
-    };
+    let make = || noida::transactional_producer(&bootstrap, &id);
     let zombie = make();
     zombie.init_transactions(Duration::from_secs(30)).expect("init");
     zombie.begin_transaction().expect("begin");
@@ -155,13 +143,7 @@ fn offsets_of_an_aborted_transaction_are_not_committed() {
     while consumer.assignment().map(|a| a.count()).unwrap_or(0) == 0 && Instant::now() < deadline {
         let _ = consumer.poll(Duration::from_millis(100));
     }
-    let make = || -> BaseProducer {
-        ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("transactional.id", &id)
-            .create()
-            .expect("transactional producer")
-    };
+    let make = || noida::transactional_producer(&bootstrap, &id);
     let mut offsets = TopicPartitionList::new();
     offsets.add_partition_offset(&topic, 0, Offset::Offset(5)).expect("offsets");
     let group_meta = consumer.group_metadata().expect("group metadata");
@@ -181,19 +163,12 @@ fn offsets_of_an_aborted_transaction_are_not_committed() {
 /// consumer does, from its committed offset) reads on past it.
 #[test]
 fn a_consumer_resuming_inside_an_aborted_transaction_reads_past_it() {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::producer::{BaseRecord, Producer};
     let broker = NoidaBroker::start();
     let bootstrap = broker.bootstrap();
     let topic = format!("tally-resume-{}", Uuid::new_v4().simple());
     let id = format!("tally-test-{}", Uuid::new_v4().simple());
-    let make = || -> BaseProducer {
-        ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("transactional.id", &id)
-            .create()
-            .expect("transactional producer")
-    };
+    let make = || noida::transactional_producer(&bootstrap, &id);
     let first = make();
     first.init_transactions(Duration::from_secs(30)).expect("init");
     first.begin_transaction().expect("begin");
