@@ -18,7 +18,7 @@
 //! partition is held (paused) until the head of line completes, so one stuck record cannot
 //! let completed offsets pile up without limit.
 //!
-//! A dependency that is down (see [`DependencyHealth`]) degrades the pipeline: the driver
+//! A dependency that is down (see [`DependencyHealth`](crate::supervise::DependencyHealth)) degrades the pipeline: the driver
 //! pauses every assigned partition until the records waiting for it got through, then
 //! resumes those not held otherwise (an admin pause stays).
 //!
