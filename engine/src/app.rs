@@ -1,5 +1,5 @@
 //! Wiring: builds the pool, Kafka clients, actors and HTTP listeners from the
-//! configuration, and owns the shutdown order of DESIGN.md §3: stop intake -> stop fetching
+//! configuration, and owns the shutdown order: stop intake -> stop fetching
 //! -> drain actors -> commit offsets -> flush producers -> stop HTTP.
 
 use std::net::SocketAddr;
@@ -202,7 +202,7 @@ impl Daemon {
         self.kafka.embedded.as_ref()
     }
 
-    /// Stops everything in the order of DESIGN.md §3, logging each step, and hands back
+    /// Stops everything in the shutdown order, logging each step, and hands back
     /// what must outlive the actix `System`: see [`Stopped`].
     #[must_use = "call Stopped::release after the actix System has stopped"]
     pub async fn shutdown(self) -> Stopped {

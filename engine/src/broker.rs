@@ -1,5 +1,5 @@
 //! The embedded Kafka broker: librdkafka's mock cluster, a real Kafka-protocol server that
-//! runs inside this process (DESIGN.md §9). `kafka.brokers = "embedded"` starts one inside
+//! runs inside this process. `kafka.brokers = "embedded"` starts one inside
 //! the daemon; `tally broker` runs one as a standalone process so that daemons can be
 //! killed and restarted while the broker and its data live on.
 //!

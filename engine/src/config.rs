@@ -333,7 +333,7 @@ pub struct NotificationsConfig {
     pub webhook_secret: Secret,
     pub timeout_ms: u64,
     pub group_id: String,
-    /// Non-blocking retry topics (seed 001 §7): first delay, multiplier, longest delay,
+    /// Non-blocking retry topics: first delay, multiplier, longest delay,
     /// and attempts in all (the first plus one per retry topic).
     pub retry_initial_ms: u64,
     pub retry_multiplier: f64,
@@ -400,7 +400,7 @@ pub struct ConsumerConfig {
     pub drain_timeout_ms: u64,
 }
 
-/// Blocking exponential retry of one pipeline (DESIGN.md §5.3).
+/// Blocking exponential retry of one pipeline.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
@@ -442,7 +442,7 @@ pub struct LedgerConfig {
     pub retry: RetryConfig,
 }
 
-/// The order materializer (seed 000): `orders.received` -> `received_orders`.
+/// The order materializer: `orders.received` -> `received_orders`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OrdersConfig {

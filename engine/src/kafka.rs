@@ -23,8 +23,8 @@ use tracing::{info, warn};
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, KafkaConfig};
 
-/// Producer settings for the outbox publisher: idempotent, acks=all, zstd, linger 5 ms
-/// (seed 001 §4), then the pass-through map.
+/// Producer settings for the outbox publisher: idempotent, acks=all, zstd, linger 5 ms,
+/// then the pass-through map.
 #[must_use]
 pub fn producer_config(kafka: &KafkaConfig, bootstrap: &str, client_id: &str, send_timeout_ms: u64) -> ClientConfig {
     let mut c = ClientConfig::new();

@@ -170,7 +170,7 @@ pub async fn postings_page(
     query.load(conn).await
 }
 
-/// A validated order, as received at intake (seed 000).
+/// A validated order, as received at intake.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OrderRequest {
     /// The business idempotency key of reception.

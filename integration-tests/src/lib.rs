@@ -9,7 +9,7 @@
 //!   between tests running in parallel.
 //! - Waiting is done with [`wait_until`] (poll every 50 ms, fail with the last observation
 //!   after a deadline), never with a fixed sleep used as an assertion.
-//! - The broker is librdkafka's mock cluster (DESIGN.md §9); tests say so in a comment.
+//! - The broker is librdkafka's mock cluster; tests say so in a comment.
 //!
 //! Harness functions panic (with a message) instead of returning errors: a failing set-up
 //! is a failing test, and the panic message is the report. Hence `expect` is allowed here.

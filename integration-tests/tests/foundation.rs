@@ -2,7 +2,7 @@
 //! outbox, the outbox publisher, and the admin endpoints.
 //!
 //! Broker: every test runs on the embedded broker, librdkafka's mock cluster (3 brokers,
-//! in this process, DESIGN.md §9), one per test, created by the harness so that it outlives
+//! in this process), one per test, created by the harness so that it outlives
 //! daemon restarts. Database: a fresh PostgreSQL database per test.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 

@@ -1,8 +1,8 @@
-//! Black-box tests of issue 5 (seed 000): idempotent `OrderReceived` consumption keyed by
+//! Black-box tests of issue 5: idempotent `OrderReceived` consumption keyed by
 //! the order's identity, and order intake deduplicated by `externalReference`.
 //!
 //! Broker: every test that touches Kafka runs on the embedded broker, librdkafka's mock
-//! cluster (3 brokers, in this test process, DESIGN.md §9), one per test, created by the
+//! cluster (3 brokers, in this test process), one per test, created by the
 //! harness so that it outlives daemon restarts. The concurrency test needs no broker: it
 //! calls `materialize()` directly. Database: a fresh PostgreSQL database per test.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
@@ -59,7 +59,7 @@ async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
     harness::wait_committed_past(bootstrap, GROUP, RECEIVED, partition, offset).await;
 }
 
-/// Produces an `OrderReceived` keyed by its order id (the contract of DESIGN.md §4).
+/// Produces an `OrderReceived` keyed by its order id (the record contract).
 async fn produce(producer: &FutureProducer, event: &Value, partition: Option<i32>) -> (i32, i64) {
     let key = order_id(event).to_string();
     produce_raw(producer, &key, event.to_string().as_bytes(), partition).await

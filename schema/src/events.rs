@@ -1,4 +1,4 @@
-//! Event payloads (DESIGN.md §4): JSON with camelCase fields, RFC 3339 UTC timestamps and
+//! Event payloads: JSON with camelCase fields, RFC 3339 UTC timestamps and
 //! UUID strings. Every field is required: a record missing one is poison.
 
 use chrono::{DateTime, Utc};
@@ -9,7 +9,7 @@ use uuid::Uuid;
 pub const EVENT_NAMESPACE: Uuid = Uuid::from_u128(0x6f2c_55d1_8a3e_4d8c_9b1e_7a7c_1e0f_4a21);
 
 /// The deterministic id of an event derived from a transfer: UUIDv5 over
-/// `"<kind>:<transfer_id>"` (seed 001 `idDerivado`), so a re-delivered input produces the
+/// `"<kind>:<transfer_id>"`, so a re-delivered input produces the
 /// same output id.
 #[must_use]
 pub fn derived_event_id(kind: &str, transfer_id: Uuid) -> Uuid {

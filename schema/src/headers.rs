@@ -1,4 +1,4 @@
-//! Kafka record header names (DESIGN.md §4).
+//! Kafka record header names.
 
 /// The event id (UUID string) of the record's payload.
 pub const EVENT_ID: &str = "event-id";
@@ -20,7 +20,7 @@ pub const DLT_ATTEMPTS: &str = "dlt-attempts";
 /// Set on records republished from a DLT.
 pub const REPLAYED_FROM: &str = "replayed-from";
 
-/// Non-blocking retry topics (seed 001 §7): failed attempts so far, where the record first
+/// Non-blocking retry topics: failed attempts so far, where the record first
 /// came from, and when it is due for its next attempt (epoch milliseconds).
 pub const RETRY_ATTEMPTS: &str = "retry-attempts";
 pub const RETRY_ORIGINAL_TOPIC: &str = "retry-original-topic";

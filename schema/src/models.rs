@@ -61,7 +61,7 @@ pub struct Order {
     pub created_at: DateTime<Utc>,
 }
 
-/// An order as the consumer of `OrderReceived` materialised it (seed 000). `order_id` is
+/// An order as the consumer of `OrderReceived` materialised it. `order_id` is
 /// the primary key: the aggregate's stable identity, and the consumer's only deduplication.
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable)]
 #[diesel(table_name = received_orders, check_for_backend(diesel::pg::Pg))]

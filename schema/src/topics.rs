@@ -1,4 +1,4 @@
-//! Default topic names (DESIGN.md §4). Every name is configurable; these are the defaults.
+//! Default topic names. Every name is configurable; these are the defaults.
 
 pub const TRANSFERS_REQUESTED: &str = "transfers.requested";
 pub const TRANSFERS_ANALYZED: &str = "transfers.analyzed";

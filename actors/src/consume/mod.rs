@@ -1,4 +1,4 @@
-//! The consumption machinery shared by every pipeline (DESIGN.md §3, §5).
+//! The consumption machinery shared by every pipeline.
 //!
 //! One consumer group per pipeline. A driver thread owns the Kafka consumer: it polls,
 //! serves rebalance callbacks, routes each record to the [`PartitionConsumer`] actor of its

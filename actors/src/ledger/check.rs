@@ -1,4 +1,4 @@
-//! The ledger invariants of DESIGN.md §8, evaluated in one consistent snapshot
+//! The ledger invariants, evaluated in one consistent snapshot
 //! (REPEATABLE READ), for `/admin/ledger/check`, the tests and the bench.
 
 use diesel::sql_types::BigInt;

@@ -1,4 +1,4 @@
-//! The ledger pipeline (seed 001 §6): `transfers.analyzed` -> per-account ledgers ->
+//! The ledger pipeline: `transfers.analyzed` -> per-account ledgers ->
 //! group-committed settlement -> outbox (`transfers.settled` / `transfers.rejected`).
 
 mod batcher;

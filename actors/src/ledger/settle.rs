@@ -1,4 +1,4 @@
-//! Settlement (seed 001 §6, `LiquidacaoService`), set-based: one database transaction
+//! Settlement, set-based: one database transaction
 //! settles a batch of transfers with the same effects as settling them one by one in batch
 //! order.
 //!

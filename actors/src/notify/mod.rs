@@ -1,4 +1,4 @@
-//! Notifications (seed 001 §7): `transfers.settled` and `transfers.rejected` are delivered
+//! Notifications: `transfers.settled` and `transfers.rejected` are delivered
 //! to a webhook, signed, with non-blocking retry topics.
 //!
 //! Each event is POSTed as its JSON with `X-Tally-Event-Id` and
@@ -53,7 +53,7 @@ impl NotifierSettings {
     }
 }
 
-/// The retry delays of seed 001 §7: `initial`, x`multiplier`, at most `max`, for
+/// The retry delays: `initial`, x`multiplier`, at most `max`, for
 /// `max_attempts - 1` retries (1 s, x2, max 30 s, 4 attempts: 1000, 2000, 4000).
 #[must_use]
 pub fn retry_delays(initial_ms: u64, multiplier: f64, max_ms: u64, max_attempts: u32) -> Vec<u64> {

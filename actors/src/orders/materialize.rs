@@ -1,4 +1,4 @@
-//! Materialisation of `OrderReceived` into `received_orders` (seed 000).
+//! Materialisation of `OrderReceived` into `received_orders`.
 //!
 //! One database transaction per record: `INSERT ... ON CONFLICT (order_id) DO NOTHING`.
 //! The primary key is the deduplication, so there is no `exists -> insert` check that two

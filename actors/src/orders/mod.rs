@@ -1,4 +1,4 @@
-//! The order materializer pipeline (seed 000): `orders.received` -> `received_orders`,
+//! The order materializer pipeline: `orders.received` -> `received_orders`,
 //! idempotent by the order's identity (`order_id`).
 //!
 //! The record's offset is stored by the shared machinery only after [`materialize`]

@@ -1,4 +1,4 @@
-//! The outbox relay logic (seed 001 §4), without the actor: claim pending rows, produce
+//! The outbox relay logic, without the actor: claim pending rows, produce
 //! them, mark them published only after the broker acknowledged every record.
 //!
 //! Per-key order with several publishers: the key space is split into 64 shards (a stored

@@ -1,5 +1,5 @@
 //! `DeadLetters`: writes a record to `<topic>-dlt` on the same partition, keeping its key,
-//! value and headers and adding the `dlt-*` headers of DESIGN.md §4. The record's offset
+//! value and headers and adding the `dlt-*` headers. The record's offset
 //! completes only after the broker acknowledged the DLT write, or, when the DLT can never
 //! take it ([`is_permanent_dlt_error`]), after it was stored in the `dead_letters` table.
 //! Every write first checks the record's [`Lease`]: a revoked partition dead-letters
@@ -194,7 +194,7 @@ impl DeadLetters {
 }
 
 /// The original headers of `record` (without the retry machinery's) plus the `dlt-*`
-/// headers of DESIGN.md §4, naming where the record was first consumed.
+/// headers, naming where the record was first consumed.
 #[must_use]
 pub fn dlt_headers(record: &Record, group: &str, kind: &str, message: &str, attempts: u32) -> OwnedHeaders {
     let mut hdrs = OwnedHeaders::new_with_capacity(record.headers.len() + 8);

@@ -1,5 +1,5 @@
-//! Supervision shared by every pipeline: wraps each handler call with the error policy of
-//! DESIGN.md §5.3 (blocking exponential retry for transient errors, DLT for exhausted and
+//! Supervision shared by every pipeline: wraps each handler call with the error policy
+//! (blocking exponential retry for transient errors, DLT for exhausted and
 //! poison records, waiting out an unavailable dependency without spending the record's
 //! retries) and contains panics, which are bugs, as transient failures so that the record
 //! is retried and finally dead-lettered instead of lost. Every attempt and every

@@ -1,4 +1,4 @@
-//! DLT administration (DESIGN.md §4, §6): the inventory of the dead-letter topics of this
+//! DLT administration: the inventory of the dead-letter topics of this
 //! configuration, reading their records, and replaying records to their original topic.
 //!
 //! Everything here talks to Kafka with blocking librdkafka calls bounded by a deadline;

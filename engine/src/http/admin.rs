@@ -141,7 +141,7 @@ async fn outbox_backlog(state: web::Data<AppState>) -> Result<HttpResponse, ApiE
     })))
 }
 
-/// `GET /admin/ledger/check`: the ledger invariants of DESIGN.md §8 (also published as
+/// `GET /admin/ledger/check`: the ledger invariants (also published as
 /// `tally_ledger_invariant_ok` gauges). 200 when all hold, 409 otherwise.
 async fn ledger_check(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await?;

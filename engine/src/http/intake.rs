@@ -1,4 +1,4 @@
-//! Intake endpoints: transfers (seed 001 §4) and accounts.
+//! Intake endpoints: transfers and accounts.
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};

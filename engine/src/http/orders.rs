@@ -1,4 +1,4 @@
-//! Order intake (seed 000): `POST /orders` deduplicated by `externalReference`, the
+//! Order intake: `POST /orders` deduplicated by `externalReference`, the
 //! business idempotency key of reception, and `GET /orders/{id}`.
 
 use actix_web::http::header;
