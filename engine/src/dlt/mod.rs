@@ -426,31 +426,13 @@ pub fn read(consumer: &BaseConsumer, topic: &str, selection: &Selection, deadlin
 }
 
 #[cfg(test)]
+pub(crate) mod fixtures;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
-    fn record(headers: &[(&str, &[u8])]) -> DltRecord {
-        DltRecord {
-            partition: 3,
-            offset: 7,
-            timestamp: Some(1_700_000_000_000),
-            key: Some(b"K-1".to_vec()),
-            payload: Some(br#"{"a":1}"#.to_vec()),
-            headers: headers.iter().map(|(k, v)| ((*k).to_owned(), Some(v.to_vec()))).collect(),
-        }
-    }
-
-    fn dead(kind: &str) -> DltRecord {
-        record(&[
-            ("event-id", b"e-1"),
-            ("replayed-from", b"old/0/0"),
-            (headers::DLT_ORIGINAL_TOPIC, b"transfers.analyzed"),
-            (headers::DLT_ORIGINAL_PARTITION, b"3"),
-            (headers::DLT_ORIGINAL_OFFSET, b"41"),
-            (headers::DLT_EXCEPTION_KIND, kind.as_bytes()),
-            (headers::DLT_ATTEMPTS, b"6"),
-        ])
-    }
+    use super::fixtures::dead;
 
     #[test]
     fn view_decodes_headers_and_payload() {
