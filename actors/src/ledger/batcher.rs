@@ -14,7 +14,8 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
-use super::settle::{settle_batch, settle_one_seed_style, LedgerTopics, SettleOutcome, SettleRequest};
+use super::seed::settle_one_seed_style;
+use super::settle::{settle_batch, LedgerTopics, SettleOutcome, SettleRequest};
 use crate::db::PgPool;
 use crate::metrics::Metrics;
 use crate::supervise::{Classify, ErrorClass};

@@ -3,6 +3,7 @@
 
 mod batcher;
 pub mod check;
+mod seed;
 mod settle;
 
 use std::sync::Arc;
@@ -15,10 +16,8 @@ use tally_schema::values::is_valid_traceparent;
 use tally_schema::{headers, AccountId, Currency};
 
 pub use batcher::{Settle, SettleError, SettlementBatcher, SettlementMode};
-pub use settle::{
-    reason, settle_batch, settle_one_seed_style, LedgerTopics, SettleOutcome, SettleRequest, REJECTED_KIND,
-    SETTLED_KIND,
-};
+pub use seed::settle_one_seed_style;
+pub use settle::{reason, settle_batch, LedgerTopics, SettleOutcome, SettleRequest, REJECTED_KIND, SETTLED_KIND};
 
 use crate::consume::Record;
 use crate::supervise::{HandlerError, RecordHandler};

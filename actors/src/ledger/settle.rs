@@ -92,7 +92,7 @@ struct InsertedId {
 /// What tally already knows of a transfer besides the event: the intake's row (when the
 /// intake took it) and whether antifraud blocked it.
 #[derive(QueryableByName, Clone, Default)]
-struct KnownTransfer {
+pub(super) struct KnownTransfer {
     #[diesel(sql_type = diesel::sql_types::Uuid)]
     id: Uuid,
     #[diesel(sql_type = Nullable<Text>)]
@@ -133,7 +133,7 @@ impl KnownTransfer {
     }
 }
 
-async fn load_known(
+pub(super) async fn load_known(
     conn: &mut AsyncPgConnection,
     ids: &[Uuid],
 ) -> Result<HashMap<Uuid, KnownTransfer>, diesel::result::Error> {
@@ -158,9 +158,9 @@ async fn load_known(
 }
 
 #[derive(QueryableByName, Clone)]
-struct LockedAccount {
+pub(super) struct LockedAccount {
     #[diesel(sql_type = Text)]
-    id: String,
+    pub(super) id: String,
     #[diesel(sql_type = BigInt)]
     balance_cents: i64,
     #[diesel(sql_type = Text)]
@@ -169,7 +169,7 @@ struct LockedAccount {
 
 /// The effects of a batch, computed in memory before they are written.
 #[derive(Debug, Default)]
-struct Effects {
+pub(super) struct Effects {
     posting_transfer: Vec<Uuid>,
     posting_account: Vec<String>,
     posting_kind: Vec<String>,
@@ -186,7 +186,7 @@ struct Effects {
 }
 
 impl Effects {
-    fn settle(&mut self, topics: &LedgerTopics, req: &SettleRequest) -> Result<(), serde_json::Error> {
+    pub(super) fn settle(&mut self, topics: &LedgerTopics, req: &SettleRequest) -> Result<(), serde_json::Error> {
         let t = &req.transfer;
         for (account, kind) in [(&t.source_account, "D"), (&t.destination_account, "C")] {
             self.posting_transfer.push(t.transfer_id);
@@ -206,7 +206,12 @@ impl Effects {
         Ok(())
     }
 
-    fn reject(&mut self, topics: &LedgerTopics, req: &SettleRequest, reason: &str) -> Result<(), serde_json::Error> {
+    pub(super) fn reject(
+        &mut self,
+        topics: &LedgerTopics,
+        req: &SettleRequest,
+        reason: &str,
+    ) -> Result<(), serde_json::Error> {
         let t = &req.transfer;
         self.outcome_id.push(t.transfer_id);
         self.outcome.push("REJECTED".into());
@@ -257,7 +262,7 @@ fn decide(
 }
 
 /// The verdict on `t`: the intake's row (when it has one) must admit it, then the rules.
-fn verdict(
+pub(super) fn verdict(
     known: &HashMap<Uuid, KnownTransfer>,
     accounts: &HashMap<String, LockedAccount>,
     t: &TransferAnalyzed,
@@ -399,7 +404,7 @@ async fn write_postings_and_balances(
     Ok(())
 }
 
-async fn write_outcomes_and_events(
+pub(super) async fn write_outcomes_and_events(
     conn: &mut AsyncPgConnection,
     effects: &Effects,
 ) -> Result<(), diesel::result::Error> {
@@ -428,80 +433,6 @@ async fn write_outcomes_and_events(
         .await?;
     }
     Ok(())
-}
-
-/// The seed's statement sequence for one transfer, one transaction per transfer (the
-/// baseline of `make bench`; `ledger.mode = "seed"`).
-///
-/// # Errors
-/// Any database error; the transaction is rolled back.
-pub async fn settle_one_seed_style(
-    conn: &mut AsyncPgConnection,
-    topics: &LedgerTopics,
-    req: &SettleRequest,
-) -> Result<SettleOutcome, diesel::result::Error> {
-    conn.transaction(|conn| {
-        async move {
-            let t = &req.transfer;
-            let inserted = diesel::sql_query(
-                "INSERT INTO processed_transfers (transfer_id, outcome) VALUES ($1, 'PROCESSING') \
-                 ON CONFLICT (transfer_id) DO NOTHING",
-            )
-            .bind::<diesel::sql_types::Uuid, _>(t.transfer_id)
-            .execute(conn)
-            .await?;
-            if inserted == 0 {
-                return Ok(SettleOutcome::Duplicate);
-            }
-            let accounts: HashMap<String, LockedAccount> = diesel::sql_query(
-                "SELECT id::text AS id, balance_cents, currency::text AS currency FROM accounts \
-                 WHERE id IN ($1, $2) ORDER BY id FOR UPDATE",
-            )
-            .bind::<Text, _>(&t.source_account)
-            .bind::<Text, _>(&t.destination_account)
-            .load::<LockedAccount>(conn)
-            .await?
-            .into_iter()
-            .map(|a| (a.id.clone(), a))
-            .collect();
-            let known = load_known(conn, &[t.transfer_id]).await?;
-            let to_db = |e: serde_json::Error| diesel::result::Error::SerializationError(Box::new(e));
-            let mut effects = Effects::default();
-            let outcome = match verdict(&known, &accounts, t, topics.max_balance_cents) {
-                Err(reason) => {
-                    effects.reject(topics, req, reason).map_err(to_db)?;
-                    SettleOutcome::Rejected(reason)
-                }
-                Ok(_) => {
-                    for (account, kind, delta) in
-                        [(&t.source_account, "D", -t.amount_cents), (&t.destination_account, "C", t.amount_cents)]
-                    {
-                        diesel::sql_query("UPDATE accounts SET balance_cents = balance_cents + $1 WHERE id = $2")
-                            .bind::<BigInt, _>(delta)
-                            .bind::<Text, _>(account)
-                            .execute(conn)
-                            .await?;
-                        diesel::sql_query(
-                            "INSERT INTO postings (transfer_id, account_id, kind, amount_cents) VALUES ($1, $2, $3, $4)",
-                        )
-                        .bind::<diesel::sql_types::Uuid, _>(t.transfer_id)
-                        .bind::<Text, _>(account)
-                        .bind::<Text, _>(kind)
-                        .bind::<BigInt, _>(t.amount_cents)
-                        .execute(conn)
-                        .await?;
-                    }
-                    effects.settle(topics, req).map_err(to_db)?;
-                    SettleOutcome::Settled
-                }
-            };
-            // The postings and balances were written one by one above, as the seed does.
-            write_outcomes_and_events(conn, &effects).await?;
-            Ok(outcome)
-        }
-        .scope_boxed()
-    })
-    .await
 }
 
 #[cfg(test)]
