@@ -1,6 +1,9 @@
 //! Typed, layered configuration: built-in defaults -> optional TOML file ->
 //! `TALLY__SECTION__KEY` environment variables. Validated at start-up; every error names the
 //! offending key. Secrets are wrapped in [`Secret`] and never printed.
+//!
+//! Why one long file: every section, its defaults and its validation still live here
+//! together; splitting it into one module per section is the next clean-up of the layout.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,4 +1,6 @@
 //! The antifraud stage: consume-transform-produce inside Kafka transactions.
+//! (This file is the loop shell with its unit tests; one batch is in `batch.rs`, the
+//! transactions in `txn.rs`, the outputs in `output.rs`, the decisions in `decisions.rs`.)
 //!
 //! One driver thread polls `transfers.requested` (`read_committed`), decides each transfer
 //! once, and writes `TransferAnalyzed` (score below the block limit) or `TransferRejected`

@@ -2,6 +2,9 @@
 //! settles a batch of transfers with the same effects as settling them one by one in batch
 //! order.
 //!
+//! Over 400 lines because its unit tests sit beside the rules they check; the bench
+//! baseline's one-transfer path lives in `seed.rs`.
+//!
 //! 1. Inbox: `INSERT INTO processed_transfers ... ON CONFLICT (transfer_id) DO NOTHING
 //!    RETURNING transfer_id`; a transfer whose row was not inserted is a duplicate and has
 //!    no effect.

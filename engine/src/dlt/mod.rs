@@ -1,5 +1,7 @@
 //! DLT administration: the inventory of the dead-letter topics of this
 //! configuration, reading their records, and replaying records to their original topic.
+//! (Inventory and reading live here with their unit tests; replay, dry runs and the
+//! `dead_letters` table have files of their own.)
 //!
 //! Everything here talks to Kafka with blocking librdkafka calls bounded by a deadline;
 //! HTTP handlers run it on a blocking thread (`web::block`). Reads use an `assign`ed
