@@ -37,6 +37,7 @@ pub struct Metrics {
     pub handler_seconds: HistogramVec,
     pub settlement_batch_size: Histogram,
     pub kafka_transactions_total: IntCounterVec,
+    pub rebalances_total: IntCounterVec,
     pub antifraud_score: Histogram,
     pub notification_deliveries_total: IntCounterVec,
     pub retry_records_total: IntCounterVec,
@@ -183,8 +184,20 @@ impl Metrics {
                     .buckets(vec![1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0]),
             )?,
             kafka_transactions_total: IntCounterVec::new(
-                Opts::new("kafka_transactions_total", "Kafka transactions, by outcome (committed, aborted)."),
+                Opts::new(
+                    "kafka_transactions_total",
+                    "Kafka transaction events, by outcome: committed, failed (an attempt that did not commit), \
+                     aborted (by the stage), retried (a retriable call made again), producer_renewed (re-created \
+                     after a fatal error or a failed abort).",
+                ),
                 &["outcome"],
+            )?,
+            rebalances_total: IntCounterVec::new(
+                Opts::new(
+                    "rebalances_total",
+                    "Consumer group rebalance events seen by a pipeline, by event (assigned, revoked).",
+                ),
+                &["pipeline", "event"],
             )?,
             antifraud_score: Histogram::with_opts(
                 HistogramOpts::new("antifraud_score", "Risk scores given by the antifraud stage.")
@@ -237,6 +250,7 @@ impl Metrics {
         m.registry.register(Box::new(m.settlement_batch_size.clone()))?;
         m.registry.register(Box::new(m.ledger_invariant_ok.clone()))?;
         m.registry.register(Box::new(m.kafka_transactions_total.clone()))?;
+        m.registry.register(Box::new(m.rebalances_total.clone()))?;
         m.registry.register(Box::new(m.antifraud_score.clone()))?;
         m.registry.register(Box::new(m.notification_deliveries_total.clone()))?;
         m.registry.register(Box::new(m.retry_records_total.clone()))?;

@@ -173,6 +173,37 @@ impl EmbeddedBroker {
         }
     }
 
+    /// Makes the next request of protocol API `api_key` to broker `broker_id` answer
+    /// `error` (`RD_KAFKA_RESP_ERR_NO_ERROR` for a normal answer) after `rtt` more.
+    ///
+    /// # Errors
+    /// When the broker does not exist.
+    pub fn push_slow_answer(
+        &self,
+        broker_id: i32,
+        api_key: i16,
+        error: RDKafkaRespErr,
+        rtt: std::time::Duration,
+    ) -> anyhow::Result<()> {
+        let rtt_ms = std::ffi::c_int::try_from(rtt.as_millis()).context("rtt too long")?;
+        // SAFETY: live cluster. The function is variadic and reads `cnt` (error, rtt) pairs
+        // as (`rd_kafka_resp_err_t`, `int`): one pair of exactly those types is passed.
+        let err = unsafe {
+            rdsys::rd_kafka_mock_broker_push_request_error_rtts(
+                self.cluster.as_ptr(),
+                broker_id,
+                api_key,
+                1,
+                error,
+                rtt_ms,
+            )
+        };
+        if err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            bail!("cannot slow down broker {broker_id}: {err:?}");
+        }
+        Ok(())
+    }
+
     /// Drops injected errors for `api_key` that were not consumed yet.
     pub fn clear_request_errors(&self, api_key: i16) {
         // SAFETY: live cluster.

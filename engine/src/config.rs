@@ -368,7 +368,12 @@ pub struct AntifraudConfig {
     pub batch_max_records: usize,
     /// How long a transaction waits for more records after the first.
     pub batch_max_wait_ms: u64,
+    /// Broker-side limit of one transaction (`transaction.timeout.ms`).
     pub transaction_timeout_ms: u64,
+    /// How long the stage waits in one transaction call (adding offsets, committing)
+    /// before it serves its consumer group and makes the call again: a call that outlasts
+    /// this is retriable and is resumed, never aborted.
+    pub call_timeout_ms: u64,
     /// Backoff between attempts of a failed transaction.
     pub retry: RetryConfig,
 }
@@ -591,6 +596,7 @@ impl Default for AntifraudConfig {
             batch_max_records: 500,
             batch_max_wait_ms: 10,
             transaction_timeout_ms: 30_000,
+            call_timeout_ms: 5_000,
             retry: RetryConfig { max_retries: 10, initial_ms: 200, multiplier: 2.0, max_ms: 10_000 },
         }
     }
@@ -900,6 +906,12 @@ impl Config {
         if af.transaction_timeout_ms < 1_000 {
             return invalid("antifraud.transaction_timeout_ms", "must be at least 1000");
         }
+        if af.call_timeout_ms == 0 || af.call_timeout_ms > af.transaction_timeout_ms {
+            return invalid(
+                "antifraud.call_timeout_ms",
+                "must be positive and at most antifraud.transaction_timeout_ms",
+            );
+        }
         af.retry.validate("antifraud.retry")?;
         if self.projection.group_id.trim().is_empty() {
             return invalid("projection.group_id", "must not be empty");
@@ -1036,6 +1048,14 @@ mod tests {
         let e = with("[consumer]\nmax_in_flight = 64\nmax_uncommitted = 63").unwrap_err().to_string();
         assert!(e.contains("consumer.max_uncommitted") && e.contains("consumer.max_in_flight"), "{e}");
         assert!(with("[consumer]\nmax_in_flight = 64\nmax_uncommitted = 64").is_ok());
+    }
+
+    #[test]
+    fn a_transaction_call_waits_at_most_the_transaction_timeout() {
+        let e = with("[antifraud]\ntransaction_timeout_ms = 2000\ncall_timeout_ms = 2001").unwrap_err().to_string();
+        assert!(e.contains("antifraud.call_timeout_ms"), "{e}");
+        assert!(with("[antifraud]\ncall_timeout_ms = 0").is_err());
+        assert!(with("[antifraud]\ntransaction_timeout_ms = 2000\ncall_timeout_ms = 2000").is_ok());
     }
 
     #[test]

@@ -247,6 +247,7 @@ impl Shared<'_> {
             max_batch: cfg.batch_max_records,
             max_batch_wait: Duration::from_millis(cfg.batch_max_wait_ms),
             transaction_timeout: Duration::from_millis(cfg.transaction_timeout_ms),
+            call_timeout: Duration::from_millis(cfg.call_timeout_ms),
             retry: cfg.retry.policy(),
             database: PoolSettings {
                 max_size: 2,

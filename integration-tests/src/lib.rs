@@ -431,6 +431,39 @@ impl TestApp {
         res.text().await.expect("read /metrics")
     }
 
+    /// How many partitions pipeline `name` holds now (`GET /admin/pipelines`); 0 when it
+    /// does not run here.
+    pub async fn partitions_of(&self, name: &str) -> usize {
+        let all = json_body(self.admin_get("/admin/pipelines").await).await;
+        let pipelines = all["pipelines"].as_array().cloned().unwrap_or_default();
+        let pipeline = pipelines.iter().find(|p| p["name"] == name).cloned().unwrap_or_default();
+        pipeline["partitions"].as_array().map_or(0, Vec::len)
+    }
+
+    /// Waits until every daemon in `apps` holds at least one partition of pipeline `name`
+    /// and together they hold `total`.
+    ///
+    /// # Panics
+    /// When that does not happen within [`Deadline::DEFAULT`].
+    pub async fn wait_for_shares(apps: &[&Self], name: &str, total: usize) {
+        wait_until(
+            &format!("{} instances share the {total} partitions of {name}", apps.len()),
+            Deadline::DEFAULT,
+            || async {
+                let mut shares = Vec::with_capacity(apps.len());
+                for app in apps {
+                    shares.push(app.partitions_of(name).await);
+                }
+                if shares.iter().all(|s| *s > 0) && shares.iter().sum::<usize>() == total {
+                    Ok(())
+                } else {
+                    Err(format!("shares {shares:?}"))
+                }
+            },
+        )
+        .await;
+    }
+
     /// The JSON of `GET /admin/outbox`.
     ///
     /// # Panics

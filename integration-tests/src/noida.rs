@@ -158,6 +158,34 @@ pub async fn spawn(db: &TestDb, broker: &NoidaBroker, configure: impl FnOnce(&mu
     TestApp::new(handle, config)
 }
 
+/// Starts `tally run` as a child process on `db` and `broker` (topics created by the
+/// daemon, 3 partitions, listeners on port 0), with extra `TALLY__*` variables. Its logs
+/// go to `target/<profile>/tally-noida-child.log`. Kill it with `Child::kill` (SIGKILL).
+///
+/// # Panics
+/// When the process cannot be started.
+#[must_use]
+pub fn spawn_process(db: &TestDb, broker: &NoidaBroker, extra: &[(&str, &str)]) -> Child {
+    let binary = crate::tally_binary();
+    let log = binary.with_file_name("tally-noida-child.log");
+    let stderr =
+        std::fs::OpenOptions::new().create(true).append(true).open(&log).map_or_else(|_| Stdio::null(), Stdio::from);
+    Command::new(binary)
+        .arg("run")
+        .env("TALLY__DATABASE__URL", db.url())
+        .env("TALLY__DATABASE__POOL_SIZE", "4")
+        .env("TALLY__KAFKA__BROKERS", broker.bootstrap())
+        .env("TALLY__KAFKA__PARTITIONS", "3")
+        .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
+        .env("TALLY__HTTP__ADMIN_ADDR", "127.0.0.1:0")
+        .envs(extra.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start tally run")
+}
+
 /// Every record of `topic` visible to a `read_committed` consumer: read every partition
 /// from the start until nothing new arrived for `quiet` (bounded by `within`).
 ///

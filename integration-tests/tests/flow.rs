@@ -8,12 +8,17 @@
 //! isolation, fencing and restart tests run on noida-db (`tests/noida.rs`).
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
+use std::collections::HashMap;
+use std::time::Duration;
+
 use rdkafka::types::RDKafkaRespErr;
+use reqwest::StatusCode;
 use serde_json::json;
 use tally_engine::broker::api_key;
+use tally_engine::config::Secret;
 use tally_integration_tests::{
     balance_of as balance, create_account as account, final_state, json_body, metric_value, post_transfer as transfer,
-    postings_of, read_topic, spawn_app, wait_until, Deadline,
+    postings_of, read_topic, spawn_app, wait_until, Deadline, TestApp, TestEnv,
 };
 use uuid::Uuid;
 
@@ -140,10 +145,122 @@ async fn errors_mid_transaction_abort_and_redo_without_double_effects() {
     let expected: i64 = (0..20).map(|i| 100 + i).sum();
     assert_eq!(balance(&app, "X-B").await, expected);
     let m = app.metrics().await;
-    let aborted = metric_value(&m, r#"tally_kafka_transactions_total{outcome="aborted"}"#).unwrap_or(0.0);
-    assert!(aborted >= 1.0, "the injected errors aborted at least one transaction ({aborted})");
+    let failed = metric_value(&m, r#"tally_kafka_transactions_total{outcome="failed"}"#).unwrap_or(0.0);
+    assert!(failed >= 1.0, "the injected errors failed at least one transaction ({failed})");
+    let renewed = metric_value(&m, r#"tally_kafka_transactions_total{outcome="producer_renewed"}"#).unwrap_or(0.0);
+    assert!(renewed >= 1.0, "the fatal EndTxn error (INVALID_TXN_STATE) re-created the producer ({renewed})");
     let check = json_body(app.admin_get("/admin/ledger/check").await).await;
     assert_eq!(check["ok"], true, "{check}");
+}
+
+/// A commit that outlasts its call (the coordinator answers EndTxn after 5 s; the call
+/// waits 1 s) fails with a retriable error, and librdkafka says: commit again. Aborting or
+/// re-creating the producer and producing the batch again instead would publish the batch
+/// twice, since the first commit does go through (the mock shows every produced record,
+/// so a second copy would be seen). Each decision is published once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_outlasts_its_call_is_committed_again_not_redone() {
+    let (env, app) = spawn_app(|c| {
+        c.antifraud.call_timeout_ms = 1_000;
+        c.antifraud.retry.initial_ms = 50;
+        c.antifraud.retry.max_ms = 200;
+    })
+    .await;
+    account(&app, "T-A", 1_000_000, "BRL").await;
+    account(&app, "T-B", 0, "BRL").await;
+    // The transaction coordinator is one of the brokers: slow down the next EndTxn on each.
+    for broker in 1..=env.broker.broker_count() {
+        env.broker
+            .push_slow_answer(
+                broker,
+                api_key::END_TXN,
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR,
+                Duration::from_secs(5),
+            )
+            .expect("slow down EndTxn");
+    }
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(transfer(&app, "T-A", "T-B", 100 + i).await);
+    }
+    for id in &ids {
+        assert_eq!(final_state(&app, *id).await["status"], "SETTLED", "{id}");
+        assert_eq!(postings_of(&env.db, *id).await, 2, "{id} settled exactly once");
+    }
+    // The mock shows records of open transactions: wait for the commit itself.
+    wait_until("the slow transaction commits", Deadline::DEFAULT, || async {
+        let m = app.metrics().await;
+        let committed = metric_value(&m, r#"tally_kafka_transactions_total{outcome="committed"}"#).unwrap_or(0.0);
+        if committed >= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("{committed} committed"))
+        }
+    })
+    .await;
+    let analyzed = read_topic(env.bootstrap(), "transfers.analyzed", Deadline::DEFAULT).await.expect("read");
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for r in &analyzed {
+        *copies.entry(r.payload_json()["transferId"].as_str().unwrap_or_default().to_owned()).or_default() += 1;
+    }
+    for id in &ids {
+        assert_eq!(copies.get(&id.to_string()).copied(), Some(1), "{id} published once: {copies:?}");
+    }
+    let m = app.metrics().await;
+    let retried = metric_value(&m, r#"tally_kafka_transactions_total{outcome="retried"}"#).unwrap_or(0.0);
+    assert!(retried >= 1.0, "the timed-out commit was made again ({retried})");
+    assert_eq!(metric_value(&m, r#"tally_kafka_transactions_total{outcome="producer_renewed"}"#), None);
+    assert_eq!(metric_value(&m, r#"tally_kafka_transactions_total{outcome="failed"}"#), None);
+}
+
+const TOKEN: &str = "flow-token";
+
+/// An admin pause of antifraud lasts across rebalances: when a second instance leaves the
+/// group, the partitions that come back to the paused instance stay paused too, and
+/// nothing is decided until the pipeline is resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_antifraud_pause_lasts_across_a_rebalance() {
+    let env = TestEnv::new().await;
+    let a = env.spawn(|c| c.http.admin_token = Secret::new(TOKEN)).await;
+    let pause = a.client.post(format!("{}/admin/pipelines/antifraud/pause", a.admin_url)).bearer_auth(TOKEN);
+    assert_eq!(a.send(pause).await.status(), StatusCode::OK);
+    // A second instance running antifraud only joins the group, then leaves it.
+    let b = env
+        .spawn(|c| {
+            c.pipelines.outbox = false;
+            c.pipelines.ledger = false;
+            c.pipelines.projection = false;
+            c.pipelines.orders = false;
+            c.pipelines.notifications = false;
+        })
+        .await;
+    TestApp::wait_for_shares(&[&a, &b], "antifraud", 12).await;
+    b.stop().await;
+    TestApp::wait_for_shares(&[&a], "antifraud", 12).await;
+    account(&a, "P-D", 0, "BRL").await;
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        let source = format!("P-{i}");
+        account(&a, &source, 10_000, "BRL").await;
+        ids.push(transfer(&a, &source, "P-D", 100).await);
+    }
+    wait_until("every request is published", Deadline::DEFAULT, || async {
+        let pending = env.db.pending_outbox().await;
+        if pending == 0 {
+            Ok(())
+        } else {
+            Err(format!("{pending} pending"))
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let decided = env.db.count("antifraud_decisions").await;
+    assert_eq!(decided, 0, "nothing is decided while antifraud is paused, on any partition");
+    let resume = a.client.post(format!("{}/admin/pipelines/antifraud/resume", a.admin_url)).bearer_auth(TOKEN);
+    assert_eq!(a.send(resume).await.status(), StatusCode::OK);
+    for id in &ids {
+        assert_eq!(final_state(&a, *id).await["status"], "SETTLED", "{id}");
+    }
 }
 
 /// The projection is monotonic: a late or contradictory event never moves a final state.

@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use tally_integration_tests::noida::{self, NoidaBroker};
-use tally_integration_tests::{assert_ledger_ok, create_account, final_state, post_transfer, postings_of, TestDb};
+use tally_integration_tests::{
+    assert_ledger_ok, create_account, final_state, metric_value, post_transfer, postings_of, TestApp, TestDb,
+};
 use uuid::Uuid;
 
 /// Records of an aborted transaction are invisible to read_committed consumers; the
@@ -39,9 +41,14 @@ fn read_committed_hides_aborted_transactions() {
 
 /// Every decision record visible under read_committed, by transfer id: (event id, topic).
 fn decisions_seen(bootstrap: &str) -> HashMap<String, Vec<(String, String)>> {
+    decisions_seen_within(bootstrap, Duration::from_secs(3))
+}
+
+/// [`decisions_seen`], reading each topic until nothing new came for `quiet`.
+fn decisions_seen_within(bootstrap: &str, quiet: Duration) -> HashMap<String, Vec<(String, String)>> {
     let mut seen: HashMap<String, Vec<(String, String)>> = HashMap::new();
     for topic in ["transfers.analyzed", "transfers.rejected"] {
-        for r in noida::read_committed(bootstrap, topic, Duration::from_secs(3), Duration::from_secs(30)) {
+        for r in noida::read_committed(bootstrap, topic, quiet, Duration::from_secs(30)) {
             let json = r.payload_json();
             // The ledger's rejections share the topic; antifraud's carry derived ids of
             // their own kind and no ledger reason.
@@ -81,6 +88,258 @@ async fn the_flow_on_a_transactional_broker_decides_each_transfer_once() {
     }
     assert_ledger_ok(&app).await;
     app.stop().await;
+}
+
+/// Every transfer of `ids` has exactly one decision under read_committed.
+fn assert_one_decision_each(bootstrap: &str, ids: &[Uuid]) {
+    let seen = decisions_seen(bootstrap);
+    for id in ids {
+        let records = seen.get(&id.to_string()).cloned().unwrap_or_default();
+        assert_eq!(records.len(), 1, "one decision for {id} under read_committed: {records:?}");
+    }
+}
+
+/// The configuration of an instance that runs antifraud and nothing else.
+fn antifraud_only(c: &mut tally_engine::Config) {
+    c.pipelines.outbox = false;
+    c.pipelines.ledger = false;
+    c.pipelines.projection = false;
+    c.pipelines.orders = false;
+    c.pipelines.notifications = false;
+}
+
+/// A producer that takes the stage's `transactional.id` mid-flow fences the stage three
+/// times (as the successor of a zombie would): each time the stage's open transaction is
+/// aborted, its next call fails fatally, and it re-creates its producer (fencing the
+/// intruder in turn) and redoes only what the group's committed offsets do not cover.
+/// Under read_committed every transfer has exactly one decision, and all end final.
+///
+/// The ledger starts (in a second daemon) once the fencing is over and every decision is
+/// visible: a noida-db read_committed consumer that waits at a transaction when fencing
+/// aborts it never reads on, a limitation of noida-db that Kafka does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_stage_recreates_its_producer_and_decides_each_transfer_once() {
+    let broker = NoidaBroker::start();
+    let db = TestDb::new().await;
+    let app = noida::spawn(&db, &broker, |c| {
+        c.antifraud.retry.initial_ms = 50;
+        c.antifraud.retry.max_ms = 200;
+        c.pipelines.ledger = false;
+        c.pipelines.projection = false;
+    })
+    .await;
+    create_account(&app, "F-A", 100_000_000, "BRL").await;
+    create_account(&app, "F-B", 0, "BRL").await;
+    let (bootstrap, txn_id) = (broker.bootstrap(), format!("tally-antifraud-{}", app.config.instance.id));
+    let fencer = std::thread::spawn(move || {
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(600));
+            use rdkafka::producer::Producer;
+            let intruder = noida::transactional_producer(&bootstrap, &txn_id);
+            intruder.init_transactions(Duration::from_secs(30)).expect("the intruder fences the stage");
+        }
+    });
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        ids.push(post_transfer(&app, "F-A", "F-B", 100 + i).await);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    fencer.join().expect("fencer");
+    let started = Instant::now();
+    while decisions_seen_within(&broker.bootstrap(), Duration::from_millis(300)).len() < ids.len()
+        && started.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_one_decision_each(&broker.bootstrap(), &ids);
+    let m = app.metrics().await;
+    let renewed = metric_value(&m, r#"tally_kafka_transactions_total{outcome="producer_renewed"}"#).unwrap_or(0.0);
+    assert!(renewed >= 1.0, "the fenced stage re-created its producer ({renewed})");
+    let ledger = noida::spawn(&db, &broker, |c| {
+        c.pipelines.outbox = false;
+        c.pipelines.antifraud = false;
+        c.pipelines.orders = false;
+        c.pipelines.notifications = false;
+    })
+    .await;
+    for id in &ids {
+        assert_eq!(final_state(&app, *id).await["status"], "SETTLED", "{id}");
+        assert_eq!(postings_of(&db, *id).await, 2, "{id} settled once");
+    }
+    assert_ledger_ok(&app).await;
+    ledger.stop().await;
+    app.stop().await;
+}
+
+/// Several antifraud instances in one group on a broker with real transactions, with
+/// rebalances mid-stream (a third instance joins, then the second leaves): every transfer
+/// ends final and has exactly one decision under read_committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_antifraud_instances_decide_each_transfer_once_across_rebalances() {
+    let broker = NoidaBroker::start();
+    let db = TestDb::new().await;
+    let first = noida::spawn(&db, &broker, |_| {}).await;
+    let second = noida::spawn(&db, &broker, antifraud_only).await;
+    for (id, balance) in [("S-A", 100_000_000), ("S-B", 100_000_000), ("S-C", 0)] {
+        create_account(&first, id, balance, "BRL").await;
+    }
+    let mut ids = Vec::new();
+    async fn post(app: &TestApp, ids: &mut Vec<Uuid>) {
+        for i in 0..15 {
+            let from = if i % 2 == 0 { "S-A" } else { "S-B" };
+            ids.push(post_transfer(app, from, "S-C", 100 + i).await);
+        }
+    }
+    TestApp::wait_for_shares(&[&first, &second], "antifraud", 3).await;
+    post(&first, &mut ids).await;
+    let third = noida::spawn(&db, &broker, antifraud_only).await;
+    TestApp::wait_for_shares(&[&first, &second, &third], "antifraud", 3).await;
+    post(&first, &mut ids).await;
+    second.stop().await;
+    TestApp::wait_for_shares(&[&first, &third], "antifraud", 3).await;
+    post(&first, &mut ids).await;
+    for id in &ids {
+        assert_eq!(final_state(&first, *id).await["status"], "SETTLED", "{id}");
+        assert_eq!(postings_of(&db, *id).await, 2, "{id} settled once");
+    }
+    assert_one_decision_each(&broker.bootstrap(), &ids);
+    assert_ledger_ok(&first).await;
+    third.stop().await;
+    first.stop().await;
+}
+
+/// A child process killed (SIGKILL) when dropped, so a failing test leaves none behind.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The ids of `ids` whose transfer is still PENDING (or unknown).
+async fn still_pending(db: &TestDb, ids: &[Uuid]) -> i64 {
+    let ids = ids.to_vec();
+    let done =
+        db.scalar_i64("SELECT count(*) FROM transfers WHERE id = ANY($1) AND status <> 'PENDING'", &[&ids]).await;
+    ids.len() as i64 - done
+}
+
+/// kill -9 of the instance that runs the consuming stages, mid-flow, then a restart under
+/// the same instance id: with static membership the successor takes its partitions back
+/// at once (noida-db, like a Kafka whose session timeout has not passed yet, still counts
+/// the dead member in), its `init_transactions` aborts its predecessor's open antifraud
+/// transaction, and every transfer ends final with exactly one decision. Prints the
+/// seconds from restart until every transfer was final.
+///
+/// The successor is started in two steps, antifraud first, then the ledger and projection
+/// once a fresh read_committed reader sees every decision (the predecessor's transaction
+/// is aborted): a noida-db read_committed consumer that fetched at the open transaction
+/// before its abort landed never reads on, which stalled the ledger in 5 of 9 runs that
+/// restarted everything in one process. Kafka completes the abort inside
+/// `init_transactions` and lets waiting consumers read on, so there one process suffices
+/// (tally starts antifraud, and so fences, before its consumers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_killed_mid_flow_and_restarted_under_its_id_finishes_every_transfer() {
+    let broker = NoidaBroker::start();
+    let db = TestDb::new().await;
+    // The intake and the outbox run here; the consuming stages in the child process.
+    let intake = noida::spawn(&db, &broker, |c| {
+        c.pipelines.ledger = false;
+        c.pipelines.antifraud = false;
+        c.pipelines.projection = false;
+        c.pipelines.orders = false;
+        c.pipelines.notifications = false;
+    })
+    .await;
+    for (id, balance) in [("K-A", 100_000_000), ("K-B", 100_000_000), ("K-C", 0)] {
+        create_account(&intake, id, balance, "BRL").await;
+    }
+    let instance = format!("test-kill-{}", &Uuid::new_v4().simple().to_string()[..8]);
+    let child_env = [
+        ("TALLY__INSTANCE__ID", instance.as_str()),
+        ("TALLY__INSTANCE__STATIC_MEMBERSHIP", "true"),
+        ("TALLY__PIPELINES__OUTBOX", "false"),
+        ("TALLY__PIPELINES__NOTIFICATIONS", "false"),
+        ("TALLY__PIPELINES__ORDERS", "false"),
+    ];
+    let mut first = Killed(noida::spawn_process(&db, &broker, &child_env));
+    let warm = post_transfer(&intake, "K-A", "K-C", 1).await;
+    assert_eq!(final_state(&intake, warm).await["status"], "SETTLED", "the first instance runs");
+    let mut ids = vec![warm];
+    let post = async |n: i64, ids: &mut Vec<Uuid>| {
+        for i in 0..n {
+            let from = if i % 2 == 0 { "K-A" } else { "K-B" };
+            ids.push(post_transfer(&intake, from, "K-C", 100 + i).await);
+        }
+    };
+    post(25, &mut ids).await;
+    // Mid-flow: the last of those are still between antifraud and the ledger.
+    first.0.kill().expect("kill -9 the first instance");
+    let _ = first.0.wait();
+    post(15, &mut ids).await;
+    let pending_at_restart = still_pending(&db, &ids).await;
+    let restarted = Instant::now();
+    let antifraud = Killed(noida::spawn_process(
+        &db,
+        &broker,
+        &[&child_env[..], &[("TALLY__PIPELINES__LEDGER", "false"), ("TALLY__PIPELINES__PROJECTION", "false")]].concat(),
+    ));
+    let quick = Duration::from_millis(300);
+    while decisions_seen_within(&broker.bootstrap(), quick).len() < ids.len()
+        && restarted.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fenced = restarted.elapsed();
+    let second = Killed(noida::spawn_process(
+        &db,
+        &broker,
+        &[&child_env[..], &[("TALLY__PIPELINES__ANTIFRAUD", "false")]].concat(),
+    ));
+    let mut pending = pending_at_restart;
+    while pending > 0 && restarted.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pending = still_pending(&db, &ids).await;
+    }
+    if pending > 0 {
+        let decided = db.scalar_i64("SELECT count(*) FROM antifraud_decisions", &[]).await;
+        let visible = decisions_seen(&broker.bootstrap()).len();
+        let all = ids.clone();
+        let posted = db
+            .scalar_i64("SELECT count(DISTINCT transfer_id) FROM postings WHERE transfer_id = ANY($1)", &[&all])
+            .await;
+        let settled = noida::read_committed(
+            &broker.bootstrap(),
+            "transfers.settled",
+            Duration::from_secs(2),
+            Duration::from_secs(20),
+        )
+        .len();
+        panic!(
+            "{pending} transfers still pending 120 s after the restart; {decided} decisions stored, {visible} \
+             visible under read_committed to a fresh consumer, {posted} with postings, {settled} settled events, of {} transfers",
+            ids.len()
+        );
+    }
+    eprintln!(
+        "restart to final: {:.1} s, of which {:.1} s until every decision was visible ({pending_at_restart} of {} \
+         transfers were pending at the restart)",
+        restarted.elapsed().as_secs_f64(),
+        fenced.as_secs_f64(),
+        ids.len()
+    );
+    for id in &ids {
+        let state = final_state(&intake, *id).await;
+        assert_eq!(state["status"], "SETTLED", "{state}");
+        assert_eq!(postings_of(&db, *id).await, 2, "{id} settled once");
+    }
+    assert_one_decision_each(&broker.bootstrap(), &ids);
+    assert_ledger_ok(&intake).await;
+    drop(second);
+    drop(antifraud);
+    intake.stop().await;
 }
 
 /// What tally's restart relies on: a new producer with the same `transactional.id` fences

@@ -174,6 +174,57 @@ async fn an_admin_pause_survives_the_end_of_a_degradation() {
     assert_everything_final(&env, &app, &ids).await;
 }
 
+/// Antifraud waits out a database outage three times longer than `max.poll.interval.ms`
+/// without leaving its group: it keeps polling with its partitions paused, so the group
+/// never rebalances (an expelled member would lose and re-take its partitions), and every
+/// transfer is decided once the database is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn antifraud_keeps_its_partitions_through_a_database_outage() {
+    let mut env = TestEnv::new().await;
+    let app = env
+        .spawn(|c| {
+            short_budget(c);
+            for (k, v) in [("session.timeout.ms", "3000"), ("max.poll.interval.ms", "3000")] {
+                c.kafka.consumer.insert(k.into(), v.into());
+            }
+            c.antifraud.retry = RetryConfig { max_retries: 2, initial_ms: 100, multiplier: 2.0, max_ms: 500 };
+        })
+        .await;
+    for (id, balance) in [("K-A", 100_000), ("K-B", 0)] {
+        create_account(&app, id, balance, "BRL").await;
+    }
+    assert_eq!(admin_post(&app, "/admin/pipelines/antifraud/pause").await.status(), StatusCode::OK);
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        ids.push(post_transfer(&app, "K-A", "K-B", 100 + i).await);
+    }
+    wait_until("every request is published", Deadline::DEFAULT, || async {
+        let pending = env.db.pending_outbox().await;
+        if pending == 0 {
+            Ok(())
+        } else {
+            Err(format!("{pending} pending"))
+        }
+    })
+    .await;
+    const REVOKED: &str = r#"tally_rebalances_total{event="revoked",pipeline="antifraud"}"#;
+    let revoked_before = metric_value(&app.metrics().await, REVOKED).unwrap_or(0.0);
+
+    env.db.refuse_connections().await;
+    assert_eq!(admin_post(&app, "/admin/pipelines/antifraud/resume").await.status(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    env.db.allow_connections().await;
+
+    assert_everything_final(&env, &app, &ids).await;
+    let metrics = app.metrics().await;
+    assert!(metric_value(&metrics, r#"tally_retries_total{pipeline="antifraud"}"#).unwrap_or(0.0) >= 1.0);
+    assert_eq!(
+        metric_value(&metrics, REVOKED).unwrap_or(0.0),
+        revoked_before,
+        "antifraud lost no partition: it stayed in its group through the outage"
+    );
+}
+
 fn analyzed(from: &str, to: &str, amount: i64) -> (Uuid, Value) {
     let id = Uuid::new_v4();
     let event = serde_json::json!({

@@ -1,7 +1,8 @@
 //! One batch of the antifraud loop: its decisions (stored ones reused, new ones scored
-//! and stored first, waiting out database failures), then one Kafka transaction for its
-//! outputs and offsets, retried until it commits; a poison record the DLT refuses for good
-//! goes to the `dead_letters` table instead.
+//! and stored first, waiting out database failures), its outputs, then one Kafka
+//! transaction for its outputs and offsets, retried until it commits; a poison record the
+//! DLT refuses for good goes to the `dead_letters` table instead. Every wait holds the
+//! partitions without leaving the group ([`Hold`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -9,33 +10,57 @@ use std::time::Duration;
 
 use chrono::{SubsecRound, Utc};
 use rdkafka::consumer::Consumer;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use tally_schema::events::TransferRequested;
 use tracing::warn;
 use uuid::Uuid;
 
 use super::decisions::{self, Decision};
-use super::output::Output;
-use super::txn::{needs_new_producer, new_producer, next_offsets, permanently_refused, transact, TxnProducer};
+use super::hold::{drop_partitions, rewind, Hold, OfRecord};
+use super::output::{self, Output};
+use super::txn::{
+    finish, lost_membership, new_producer, next_offsets, permanently_refused, recovery, transact, Phase, Recovery,
+    TxnFailure, TxnProducer,
+};
 use super::{AntifraudSpec, LoopIo, RiskEngine, BLOCKED_BY_ANTIFRAUD, PIPELINE};
 use crate::consume::Record;
+use crate::metrics::Metrics;
 use crate::supervise::{store_dead_letter, DeadLetterRow, HandlerError};
+
+/// One input record and what the stage writes for it.
+pub(super) struct Item {
+    pub record: Record,
+    pub output: Output,
+    /// The output is a dead letter the DLT refused, stored in the `dead_letters` table
+    /// instead: it is not produced.
+    pub stored: bool,
+}
+
+impl OfRecord for Item {
+    fn record(&self) -> &Record {
+        &self.record
+    }
+}
 
 /// The decision of every decoded transfer of the batch: stored ones as they are, new ones
 /// scored and stored first. Rebuilds the velocity window first after an assignment.
-/// Waits out database failures with capped backoff; `None` when the stage stops meanwhile.
+/// Waits out database failures with capped backoff, holding its partitions (records of
+/// partitions revoked meanwhile leave `batch`); `None` when the stage stops meanwhile.
 pub(super) fn decide(
     io: &LoopIo<'_>,
-    inputs: &[Result<TransferRequested, String>],
+    batch: &mut Vec<Record>,
     risk: &mut dyn RiskEngine,
 ) -> Option<HashMap<Uuid, Decision>> {
-    let requests: Vec<&TransferRequested> = inputs.iter().filter_map(|i| i.as_ref().ok()).collect();
-    if requests.is_empty() {
-        // Nothing to decide (every record is poison): no need for the database.
-        return Some(HashMap::new());
-    }
+    let mut hold = None;
     let mut attempt = 0_u32;
     loop {
+        let inputs: Vec<TransferRequested> = batch.iter().filter_map(|r| output::decode(r).ok()).collect();
+        if inputs.is_empty() {
+            // Nothing to decide (every record is poison, or none is left): no database.
+            return Some(HashMap::new());
+        }
+        let requests: Vec<&TransferRequested> = inputs.iter().collect();
         match io.runtime.block_on(decide_stored(io, &requests, risk)) {
             Ok(decided) => return Some(decided),
             Err(e) => {
@@ -45,10 +70,42 @@ pub(super) fn decide(
                     return None;
                 }
                 io.metrics.retries_total.with_label_values(&[PIPELINE]).inc();
-                std::thread::sleep(backoff(io.spec, attempt));
+                let revoked = hold.get_or_insert_with(|| Hold::begin(io.consumer)).wait(io, backoff(io.spec, attempt));
+                drop_partitions(batch, &revoked);
+                if io.stopping.load(Ordering::Relaxed) {
+                    return None;
+                }
             }
         }
     }
+}
+
+/// What the stage writes for each record of the batch: its decision's event, or a dead
+/// letter for a record that cannot be decoded or contradicts its stored decision.
+pub(super) fn outputs(batch: Vec<Record>, decided: &HashMap<Uuid, Decision>, spec: &AntifraudSpec) -> Vec<Item> {
+    batch
+        .into_iter()
+        .map(|record| {
+            let output = match output::decode(&record) {
+                Err(reason) => output::poison(&record, spec, reason),
+                Ok(t) => match decided.get(&t.transfer_id) {
+                    Some(d) if d.decides(&t) => output::decided(&record, &t, d, spec),
+                    Some(_) => output::poison(
+                        &record,
+                        spec,
+                        format!(
+                            "TransferRequested {} asks for other accounts, amount or currency than the request \
+                             already decided under its id",
+                            t.transfer_id
+                        ),
+                    ),
+                    // decide() returns a decision for every decoded transfer.
+                    None => output::poison(&record, spec, "no decision could be made".into()),
+                },
+            };
+            Item { record, output, stored: false }
+        })
+        .collect()
 }
 
 async fn decide_stored(
@@ -89,62 +146,189 @@ fn backoff(spec: &AntifraudSpec, attempt: u32) -> Duration {
 }
 
 /// Commits the batch's outputs and offsets in one transaction, retrying until it commits
-/// (broker trouble is no record's fault). A dead-letter output the DLT refuses for good is
-/// stored in the `dead_letters` table instead. Returns false when the stage stops first.
-pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, batch: &[Record], outputs: &[Output]) -> bool {
+/// (broker trouble is no record's fault), as librdkafka documents its errors: a retriable
+/// call is made again (a commit is never aborted while it may be under way), an abortable
+/// transaction is aborted and produced again, a fatal error re-creates the producer and
+/// redoes only what the group's committed offsets say is not done. Between attempts the
+/// partitions are held ([`Hold`]): records of partitions revoked meanwhile leave the batch.
+/// A dead letter the DLT refuses for good is stored in the `dead_letters` table instead.
+/// Returns false when the stage stops first.
+pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut items: Vec<Item>) -> bool {
     let LoopIo { consumer, spec, metrics, stopping, .. } = *io;
-    let offsets = next_offsets(batch);
-    let mut skip = vec![false; outputs.len()];
+    let mut hold: Option<Hold<'_>> = None;
     let mut attempt = 0_u32;
+    // Partitions revoked while a call was retried: their records leave the batch before
+    // anything is produced again.
+    let mut revoked: Vec<(String, i32)> = Vec::new();
+    // Set after a failure whose transaction may have committed after all: what the
+    // group's committed offsets cover is dropped before anything is produced again.
+    let mut must_rewind = false;
     loop {
-        match transact(producer, consumer, outputs, &skip, &offsets, spec) {
-            Ok(()) => {
-                metrics.kafka_transactions_total.with_label_values(&["committed"]).inc();
-                for (o, stored) in outputs.iter().zip(&skip) {
-                    metrics.records_total.with_label_values(&[PIPELINE, o.outcome]).inc();
-                    if o.outcome == "dead_lettered" {
-                        let place = if *stored { DEAD_LETTERS_TABLE } else { o.topic.as_str() };
-                        metrics.dlt_records_total.with_label_values(&[place]).inc();
+        let dropped = drop_partitions(&mut items, &std::mem::take(&mut revoked));
+        if dropped > 0 {
+            warn!(
+                pipeline = PIPELINE,
+                dropped, "Partitions revoked while retrying; their records go to their new owner."
+            );
+        }
+        if must_rewind {
+            match rewind(consumer, &mut items, spec.call_timeout) {
+                Ok(done) => {
+                    must_rewind = false;
+                    if !done.is_empty() {
+                        warn!(
+                            pipeline = PIPELINE,
+                            dropped = done.len(),
+                            "Records committed by an earlier transaction after all; not producing them again."
+                        );
+                        record_committed(metrics, &done);
                     }
                 }
-                return true;
+                Err(e) => warn!(pipeline = PIPELINE, error = %e, "Cannot read the committed offsets; retrying."),
             }
-            Err(failure) => {
-                metrics.kafka_transactions_total.with_label_values(&["aborted"]).inc();
-                attempt += 1;
-                let renew = needs_new_producer(&failure.error);
-                warn!(pipeline = PIPELINE, error = %failure.error, attempt, records = outputs.len(), renew,
-                      "Transaction failed; aborting and producing the batch again.");
-                if renew {
-                    match new_producer(spec) {
-                        Ok(p) => *producer = p,
-                        Err(e) => {
-                            warn!(pipeline = PIPELINE, error = %e, "Cannot re-create the transactional producer.")
-                        }
-                    }
-                } else if let Err(e) = producer.abort_transaction(spec.transaction_timeout) {
-                    warn!(pipeline = PIPELINE, error = %e, "Abort failed; re-creating the producer.");
-                    if let Ok(p) = new_producer(spec) {
-                        *producer = p;
-                    }
+        }
+        if items.is_empty() {
+            // Every record was revoked or is already committed: nothing left to commit.
+            return true;
+        }
+        if !must_rewind {
+            match attempt_transaction(io, producer, &mut hold, &mut attempt, &items, &mut revoked) {
+                Ok(()) => {
+                    metrics.kafka_transactions_total.with_label_values(&["committed"]).inc();
+                    record_committed(metrics, &items);
+                    return true;
                 }
-                if let Some(index) = failure.refused.filter(|_| permanently_refused(&failure.error)) {
-                    if let Some(o) = outputs.get(index).filter(|o| o.dead_letter.is_some()) {
-                        if store_refused(io, batch, o, &failure.error.to_string()) {
-                            skip[index] = true;
+                Err(failure) => {
+                    if stopping.load(Ordering::Relaxed)
+                        && failure.phase == Phase::Commit
+                        && recovery(&failure) == Recovery::Retry
+                    {
+                        // A commit that may be under way is left to complete; the
+                        // successor's `init_transactions` completes or aborts it.
+                        return false;
+                    }
+                    attempt += 1;
+                    metrics.kafka_transactions_total.with_label_values(&["failed"]).inc();
+                    must_rewind = recover(producer, spec, metrics, &failure, attempt, items.len());
+                    if let Some(index) = failure.refused.filter(|_| permanently_refused(&failure.error)) {
+                        if items.get(index).is_some_and(|item| store_refused(io, item, &failure.error.to_string())) {
+                            items[index].stored = true;
                             continue;
                         }
                     }
                 }
-                if stopping.load(Ordering::Relaxed) {
-                    // Uncommitted: the batch is redelivered to whoever consumes next.
-                    // Return rather than gather again, so no later transaction commits
-                    // offsets past this batch.
-                    return false;
-                }
-                metrics.retries_total.with_label_values(&[PIPELINE]).inc();
-                std::thread::sleep(backoff(spec, attempt));
             }
+        }
+        if stopping.load(Ordering::Relaxed) {
+            // Uncommitted: the batch is redelivered to whoever consumes next. Return
+            // rather than gather again, so no later transaction commits offsets past it.
+            return false;
+        }
+        metrics.retries_total.with_label_values(&[PIPELINE]).inc();
+        revoked.extend(hold.get_or_insert_with(|| Hold::begin(consumer)).wait(io, backoff(spec, attempt)));
+    }
+}
+
+/// One transaction for `items`; a retriable failure has its call made again (holding
+/// meanwhile) until it completes or fails otherwise, or, while the offsets are not sent
+/// yet, until a partition is revoked (the transaction is then aborted rather than let its
+/// offsets go to the broker). Partitions revoked while waiting go to `revoked`. On
+/// failure, `refused` indexes `items`.
+fn attempt_transaction<'a>(
+    io: &LoopIo<'a>,
+    producer: &TxnProducer,
+    hold: &mut Option<Hold<'a>>,
+    attempt: &mut u32,
+    items: &[Item],
+    revoked: &mut Vec<(String, i32)>,
+) -> Result<(), TxnFailure> {
+    let LoopIo { consumer, spec, metrics, stopping, .. } = *io;
+    // Taken once: retries of this transaction send its offsets under this generation.
+    let Some(group) = consumer.group_metadata() else {
+        let error = KafkaError::ConsumerCommit(RDKafkaErrorCode::InvalidGroupId);
+        return Err(TxnFailure { error, phase: Phase::Produce, open: false, refused: None });
+    };
+    let sending: Vec<usize> = (0..items.len()).filter(|&i| !items[i].stored).collect();
+    let outs: Vec<&Output> = sending.iter().map(|&i| &items[i].output).collect();
+    let offsets = next_offsets(items.iter().map(|i| &i.record));
+    let mut result = transact(producer, &group, &outs, &offsets, spec);
+    while let Err(failure) = &result {
+        if recovery(failure) != Recovery::Retry
+            || stopping.load(Ordering::Relaxed)
+            || (failure.phase == Phase::SendOffsets && !revoked.is_empty())
+        {
+            break;
+        }
+        *attempt += 1;
+        metrics.kafka_transactions_total.with_label_values(&["retried"]).inc();
+        warn!(pipeline = PIPELINE, error = %failure.error, phase = ?failure.phase, attempt = *attempt,
+              "Transaction call failed with a retriable error; making it again.");
+        let phase = failure.phase;
+        revoked.extend(hold.get_or_insert_with(|| Hold::begin(consumer)).wait(io, backoff(spec, *attempt)));
+        if phase == Phase::SendOffsets && !revoked.is_empty() {
+            // Not sent yet: abort rather than commit offsets of a partition now another's.
+            break;
+        }
+        result = finish(producer, &group, &offsets, spec, phase);
+    }
+    result.map_err(|mut f| {
+        f.refused = f.refused.and_then(|j| sending.get(j).copied());
+        f
+    })
+}
+
+/// Aborts the failed transaction, or re-creates the producer when it cannot go on. Returns
+/// whether the batch must be rewound to the committed offsets first: the transaction may
+/// have committed after all, or (a member that lost its place) another member may have
+/// committed past its records meanwhile.
+fn recover(
+    producer: &mut TxnProducer,
+    spec: &AntifraudSpec,
+    metrics: &Metrics,
+    failure: &TxnFailure,
+    attempt: u32,
+    records: usize,
+) -> bool {
+    let lost = lost_membership(&failure.error);
+    if recovery(failure) == Recovery::Renew {
+        warn!(pipeline = PIPELINE, error = %failure.error, attempt, records,
+              "Transaction failed fatally; re-creating the producer, then redoing what is not committed.");
+        renew(producer, spec, metrics);
+        return true;
+    }
+    if !failure.open {
+        warn!(pipeline = PIPELINE, error = %failure.error, attempt, records, "Cannot begin a transaction; retrying.");
+        return lost;
+    }
+    warn!(pipeline = PIPELINE, error = %failure.error, attempt, records, lost,
+          "Transaction failed; aborting it and producing the batch again.");
+    if let Err(e) = producer.abort_transaction(spec.transaction_timeout) {
+        warn!(pipeline = PIPELINE, error = %e, "Abort failed; re-creating the producer.");
+        renew(producer, spec, metrics);
+        return true;
+    }
+    metrics.kafka_transactions_total.with_label_values(&["aborted"]).inc();
+    lost
+}
+
+fn renew(producer: &mut TxnProducer, spec: &AntifraudSpec, metrics: &Metrics) {
+    match new_producer(spec) {
+        Ok(p) => {
+            *producer = p;
+            metrics.kafka_transactions_total.with_label_values(&["producer_renewed"]).inc();
+        }
+        Err(e) => warn!(pipeline = PIPELINE, error = %e, "Cannot re-create the transactional producer."),
+    }
+}
+
+/// Counts the records of a committed transaction by outcome.
+fn record_committed(metrics: &Metrics, items: &[Item]) {
+    for item in items {
+        let o = &item.output;
+        metrics.records_total.with_label_values(&[PIPELINE, o.outcome]).inc();
+        if o.outcome == "dead_lettered" {
+            let place = if item.stored { DEAD_LETTERS_TABLE } else { o.topic.as_str() };
+            metrics.dlt_records_total.with_label_values(&[place]).inc();
         }
     }
 }
@@ -152,11 +336,11 @@ pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, batch: &
 /// The `dlt_records_total` label of records stored in the `dead_letters` table.
 const DEAD_LETTERS_TABLE: &str = "dead_letters";
 
-/// Stores the poison record behind `o` in the `dead_letters` table; true once stored (or
-/// already there).
-fn store_refused(io: &LoopIo<'_>, batch: &[Record], o: &Output, dlt_error: &str) -> bool {
-    let Some((index, reason)) = &o.dead_letter else { return false };
-    let Some(record) = batch.get(*index) else { return false };
+/// Stores the poison record of `item` in the `dead_letters` table; true once stored (or
+/// already there). False for an item that is no dead letter.
+fn store_refused(io: &LoopIo<'_>, item: &Item, dlt_error: &str) -> bool {
+    let Some(reason) = &item.output.dead_letter else { return false };
+    let record = &item.record;
     let row =
         DeadLetterRow { record, group: &io.spec.group_id, kind: "poison", message: reason, attempts: 1, dlt_error };
     let result = io.runtime.block_on(async {

@@ -14,10 +14,13 @@
 //! transaction that publishes it commits, and every later delivery publishes the stored
 //! one again. The risk engine's velocity window counts distinct transfers and is rebuilt
 //! from stored decisions whenever partitions are assigned. A failed transaction is aborted
-//! and the same outputs are produced again in a new one; after a fatal or timed-out
-//! transaction error the transactional producer is re-created. Polling (and so
-//! rebalancing) happens only between transactions; records of partitions revoked while a
-//! batch was gathered are dropped from it and go to the partition's new owner.
+//! and the same outputs are produced again in a new one; a retriable commit is committed
+//! again; after a fatal error the transactional producer is re-created and only what the
+//! group's committed offsets do not cover is produced again. Polling (and so rebalancing)
+//! happens between transactions and while a batch waits out a failure, with its
+//! partitions paused ([`hold`]), so a long outage never costs the group membership;
+//! records of partitions revoked meanwhile are dropped from the batch and go to the
+//! partition's new owner. An admin pause lasts across rebalances.
 //!
 //! This stage needs no per-key actors: the work per record is a lookup or a computation,
 //! and one loop in partition order keeps per-key order and the transaction boundaries
@@ -25,6 +28,7 @@
 
 mod batch;
 pub mod decisions;
+mod hold;
 mod output;
 mod risk;
 mod txn;
@@ -38,7 +42,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::producer::Producer;
 use rdkafka::{ClientContext, Statistics};
-use tally_schema::events::TransferRequested;
 use tracing::{info, warn};
 
 pub use risk::{RiskEngine, RiskRules, RulesRiskEngine};
@@ -50,7 +53,6 @@ use crate::consume::{
 use crate::db::{build_pool, PgPool, PoolSettings};
 use crate::metrics::Metrics;
 use crate::supervise::RetryPolicy;
-use output::Output;
 use txn::{new_producer, TxnProducer};
 
 /// The rejection reason of a blocked transfer.
@@ -76,7 +78,11 @@ pub struct AntifraudSpec {
     pub block_limit: i32,
     pub max_batch: usize,
     pub max_batch_wait: Duration,
+    /// Broker-side limit of one transaction; also bounds `init_transactions` and aborts.
     pub transaction_timeout: Duration,
+    /// How long one call that completes a transaction may block; past it the call is
+    /// retriable and is made again after serving the group.
+    pub call_timeout: Duration,
     /// Backoff between attempts of a failed transaction or database call.
     pub retry: RetryPolicy,
     /// The stage's own database pool (decisions and the dead-letter fallback), built on
@@ -93,6 +99,11 @@ struct AntifraudContext {
     assigned: AtomicBool,
     /// The group gave this stage an assignment at least once (for `/readyz`).
     received_assignment: AtomicBool,
+    /// Paused through the admin API: newly assigned partitions are paused too.
+    admin_paused: AtomicBool,
+    /// A batch is waiting out a failure ([`hold::Hold`]): newly assigned partitions are
+    /// paused until it ends.
+    holding: AtomicBool,
     stats: Mutex<StatsView>,
 }
 
@@ -106,16 +117,25 @@ impl ClientContext for AntifraudContext {
 impl ConsumerContext for AntifraudContext {
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
+            self.metrics.rebalances_total.with_label_values(&[PIPELINE, "revoked"]).inc();
             let mut revoked = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
             revoked.extend(tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())));
         }
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
+            self.metrics.rebalances_total.with_label_values(&[PIPELINE, "assigned"]).inc();
             self.assigned.store(true, Ordering::Relaxed);
             self.received_assignment.store(true, Ordering::Relaxed);
-            info!(pipeline = PIPELINE, partitions = tpl.count(), "Partitions assigned.");
+            // librdkafka keeps a pause across re-assignment but new partitions start
+            // unpaused: set every assigned partition to the stage's state.
+            let hold = self.admin_paused.load(Ordering::Relaxed) || self.holding.load(Ordering::Relaxed);
+            let result = if hold { consumer.pause(tpl) } else { consumer.resume(tpl) };
+            if let Err(e) = result {
+                warn!(pipeline = PIPELINE, error = %e, "Cannot set the pause state of new partitions.");
+            }
+            info!(pipeline = PIPELINE, partitions = tpl.count(), paused = hold, "Partitions assigned.");
         }
     }
 }
@@ -155,6 +175,8 @@ impl Antifraud {
             revoked: Mutex::default(),
             assigned: AtomicBool::new(false),
             received_assignment: AtomicBool::new(false),
+            admin_paused: AtomicBool::new(false),
+            holding: AtomicBool::new(false),
             stats: Mutex::default(),
         };
         let status = Arc::new(Mutex::new(PipelineStatus {
@@ -240,60 +262,35 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngin
                     return;
                 }
                 Control::Pause(applied) => {
-                    if let Ok(tpl) = consumer.assignment() {
-                        let _ = consumer.pause(&tpl);
-                    }
+                    consumer.context().admin_paused.store(true, Ordering::Relaxed);
+                    hold::set_paused(consumer, true);
                     status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
                     info!(pipeline = PIPELINE, "Pipeline paused.");
                     let _ = applied.send(());
                 }
                 Control::Resume(applied) => {
-                    if let Ok(tpl) = consumer.assignment() {
-                        let _ = consumer.resume(&tpl);
-                    }
+                    consumer.context().admin_paused.store(false, Ordering::Relaxed);
+                    hold::set_paused(consumer, false);
                     status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
                     info!(pipeline = PIPELINE, "Pipeline resumed.");
                     let _ = applied.send(());
                 }
             }
         }
-        let batch = gather(consumer, spec);
+        let mut batch = gather(consumer, spec);
         if batch.is_empty() {
             continue;
         }
         metrics.inflight.with_label_values(&[PIPELINE, "all"]).set(batch.len() as i64);
-        let inputs: Vec<Result<TransferRequested, String>> = batch.iter().map(output::decode).collect();
-        let Some(decided) = batch::decide(io, &inputs, risk.as_mut()) else {
+        let Some(decided) = batch::decide(io, &mut batch, risk.as_mut()) else {
             // Stopping while the database was away: nothing was produced or committed.
             return;
         };
-        let outputs: Vec<Output> = batch
-            .iter()
-            .zip(inputs)
-            .enumerate()
-            .map(|(i, (record, input))| match input {
-                Err(reason) => output::poison(record, i, spec, reason),
-                Ok(t) => match decided.get(&t.transfer_id) {
-                    Some(d) if d.decides(&t) => output::decided(record, &t, d, spec),
-                    Some(_) => output::poison(
-                        record,
-                        i,
-                        spec,
-                        format!(
-                            "TransferRequested {} asks for other accounts, amount or currency than the request \
-                             already decided under its id",
-                            t.transfer_id
-                        ),
-                    ),
-                    // decide() returns a decision for every decoded transfer.
-                    None => output::poison(record, i, spec, "no decision could be made".into()),
-                },
-            })
-            .collect();
         for d in decided.values() {
             metrics.antifraud_score.observe(f64::from(d.score));
         }
-        if !batch::commit_batch(io, &mut producer, &batch, &outputs) {
+        let items = batch::outputs(batch, &decided, spec);
+        if !batch::commit_batch(io, &mut producer, items) {
             return;
         }
         metrics.inflight.with_label_values(&[PIPELINE, "all"]).set(0);
@@ -339,10 +336,7 @@ fn gather(consumer: &BaseConsumer<AntifraudContext>, spec: &AntifraudSpec) -> Ve
         // revoked partition are no longer ours to commit (the partition's owner reads them
         // again from the committed offset, even when that owner is this consumer again).
         // The record the poll returned comes after the rebalance and is kept.
-        let revoked = std::mem::take(&mut *consumer.context().revoked.lock().unwrap_or_else(PoisonError::into_inner));
-        if !revoked.is_empty() {
-            batch.retain(|r: &Record| !revoked.iter().any(|(t, p)| *t == r.topic && *p == r.partition));
-        }
+        hold::drop_partitions(&mut batch, &hold::take_revoked(consumer));
         match polled {
             Some(Ok(m)) => {
                 batch.push(Record::from_message(&m));
@@ -365,6 +359,7 @@ mod tests {
     use chrono::Utc;
 
     use super::decisions::Decision;
+    use super::output::Output;
     use super::*;
     use tally_schema::events::derived_event_id;
 
@@ -381,6 +376,7 @@ mod tests {
             max_batch: 10,
             max_batch_wait: Duration::from_millis(10),
             transaction_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(1),
             retry: RetryPolicy::default(),
             database: PoolSettings {
                 url: "postgres://localhost/none".into(),
@@ -443,11 +439,11 @@ mod tests {
     fn poison_goes_to_the_dlt_on_the_same_partition() {
         let r = record("{nope", 7);
         let reason = output::decode(&r).unwrap_err();
-        let out = output::poison(&r, 4, &spec(), reason);
+        let out = output::poison(&r, &spec(), reason.clone());
         assert_eq!(
             (out.topic.as_str(), out.partition, out.outcome),
             ("transfers.requested-dlt", Some(3), "dead_lettered")
         );
-        assert_eq!(out.dead_letter.map(|(i, _)| i), Some(4));
+        assert_eq!(out.dead_letter, Some(reason));
     }
 }

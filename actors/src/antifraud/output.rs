@@ -21,9 +21,9 @@ pub(super) struct Output {
     pub payload: Option<Vec<u8>>,
     pub headers: OwnedHeaders,
     pub outcome: &'static str,
-    /// For a dead-letter output: the input record and why it is poison, so that it can
+    /// For a dead-letter output: why its input record is poison, so that the record can
     /// fall back to the `dead_letters` table when the DLT refuses it.
-    pub dead_letter: Option<(usize, String)>,
+    pub dead_letter: Option<String>,
 }
 
 /// Decodes and validates a `TransferRequested`; `Err` names why it is poison.
@@ -46,8 +46,8 @@ pub(super) fn decode(record: &Record) -> Result<TransferRequested, String> {
     Ok(t)
 }
 
-/// The dead-letter output of the poison record at `index` of the batch.
-pub(super) fn poison(record: &Record, index: usize, spec: &AntifraudSpec, reason: String) -> Output {
+/// The dead-letter output of a poison record.
+pub(super) fn poison(record: &Record, spec: &AntifraudSpec, reason: String) -> Output {
     Output {
         topic: topics::dlt(&record.topic),
         partition: Some(record.partition),
@@ -55,7 +55,7 @@ pub(super) fn poison(record: &Record, index: usize, spec: &AntifraudSpec, reason
         payload: record.payload.clone(),
         headers: dlt_headers(record, &spec.group_id, "poison", &reason, 1),
         outcome: "dead_lettered",
-        dead_letter: Some((index, reason)),
+        dead_letter: Some(reason),
     }
 }
 

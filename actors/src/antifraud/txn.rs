@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -34,11 +34,65 @@ pub(super) fn new_producer(spec: &AntifraudSpec) -> KafkaResult<TxnProducer> {
     Ok(producer)
 }
 
-/// Why a transaction did not commit: the error, and the index of the output whose send
-/// the producer refused at once, if that was the cause.
+/// How far a transaction got before it failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Beginning it, or producing its records.
+    Produce,
+    /// Adding the consumer offsets to it.
+    SendOffsets,
+    /// Committing it.
+    Commit,
+}
+
+/// Why a transaction did not commit: the error, the phase it failed in, whether a
+/// transaction is open (to abort), and the index of the output whose send the producer
+/// refused at once, if that was the cause.
 pub(super) struct TxnFailure {
     pub error: KafkaError,
+    pub phase: Phase,
+    pub open: bool,
     pub refused: Option<usize>,
+}
+
+/// What to do about a failed transaction call, as librdkafka documents its errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Recovery {
+    /// Retriable (a timeout, say): make the same call again. A commit is resumed this way,
+    /// never aborted: it may already be on its way to the coordinator.
+    Retry,
+    /// The transaction must be aborted; its records are produced again in a new one.
+    Abort,
+    /// The producer is unusable (fenced, or a fatal error): re-create it, which completes
+    /// or aborts its open transaction, then redo only what the group's committed offsets
+    /// say is not done.
+    Renew,
+}
+
+pub(super) fn recovery(failure: &TxnFailure) -> Recovery {
+    match &failure.error {
+        KafkaError::Transaction(t) if t.is_fatal() => Recovery::Renew,
+        KafkaError::Transaction(t) if t.txn_requires_abort() => Recovery::Abort,
+        KafkaError::Transaction(t) if t.is_retriable() && failure.phase != Phase::Produce => Recovery::Retry,
+        // rdkafka flushes before it commits: a flush that outlasts the call is a commit
+        // still under way, as librdkafka's own flush timeout inside the commit would be.
+        KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut) if failure.phase == Phase::Commit => Recovery::Retry,
+        _ => Recovery::Abort,
+    }
+}
+
+/// Whether the error says this consumer is no longer the member whose offsets the
+/// transaction carries: its batch is no longer its own to commit.
+pub(super) fn lost_membership(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::UnknownMemberId
+                | RDKafkaErrorCode::IllegalGeneration
+                | RDKafkaErrorCode::FencedInstanceId
+                | RDKafkaErrorCode::RebalanceInProgress
+        )
+    )
 }
 
 /// Whether a send refused at once will be refused every time: the record is too large, or
@@ -58,22 +112,22 @@ pub(super) fn permanently_refused(e: &KafkaError) -> bool {
     )
 }
 
-/// Produces `outputs` (those not `skip`ped) and commits them with `offsets` in one
-/// transaction.
-pub(super) fn transact<C: ConsumerContext>(
+/// Produces `outputs` and commits them with `offsets` in one transaction, the offsets
+/// under the group metadata `group`.
+pub(super) fn transact(
     producer: &TxnProducer,
-    consumer: &BaseConsumer<C>,
-    outputs: &[Output],
-    skip: &[bool],
+    group: &ConsumerGroupMetadata,
+    outputs: &[&Output],
     offsets: &TopicPartitionList,
     spec: &AntifraudSpec,
 ) -> Result<(), TxnFailure> {
-    let fail = |error| TxnFailure { error, refused: None };
-    producer.begin_transaction().map_err(fail)?;
+    producer.begin_transaction().map_err(|error| TxnFailure {
+        error,
+        phase: Phase::Produce,
+        open: false,
+        refused: None,
+    })?;
     for (index, o) in outputs.iter().enumerate() {
-        if skip.get(index).copied().unwrap_or(false) {
-            continue;
-        }
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&o.topic).headers(o.headers.clone());
         if let Some(p) = o.partition {
             record = record.partition(p);
@@ -92,29 +146,53 @@ pub(super) fn transact<C: ConsumerContext>(
                     std::thread::sleep(Duration::from_millis(5));
                     pending = back;
                 }
-                Err((error, _)) => return Err(TxnFailure { error, refused: Some(index) }),
+                Err((error, _)) => {
+                    return Err(TxnFailure { error, phase: Phase::Produce, open: true, refused: Some(index) })
+                }
             }
         }
     }
-    // Without group metadata the offsets cannot join the transaction: abort and retry.
-    let group =
-        consumer.group_metadata().ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::InvalidGroupId)).map_err(fail)?;
     let produced = Instant::now();
-    producer.send_offsets_to_transaction(offsets, &group, spec.transaction_timeout).map_err(fail)?;
-    let offsets_sent = Instant::now();
-    producer.commit_transaction(spec.transaction_timeout).map_err(fail)?;
+    finish(producer, group, offsets, spec, Phase::SendOffsets)?;
     tracing::debug!(
         pipeline = PIPELINE,
         records = outputs.len(),
-        send_offsets_ms = (offsets_sent - produced).as_millis() as u64,
-        commit_ms = offsets_sent.elapsed().as_millis() as u64,
+        finish_ms = produced.elapsed().as_millis() as u64,
         "Transaction committed."
     );
     Ok(())
 }
 
+/// Completes the open transaction from `phase` on: adds the offsets, then commits. Called
+/// again with the phase of a retriable failure, it resumes there. The group metadata is
+/// the one taken for this transaction: should the member have moved to a new generation
+/// meanwhile, the broker refuses the offsets instead of letting a batch of the old
+/// generation commit.
+pub(super) fn finish(
+    producer: &TxnProducer,
+    group: &ConsumerGroupMetadata,
+    offsets: &TopicPartitionList,
+    spec: &AntifraudSpec,
+    phase: Phase,
+) -> Result<(), TxnFailure> {
+    if phase != Phase::Commit {
+        producer.send_offsets_to_transaction(offsets, group, spec.call_timeout).map_err(|error| TxnFailure {
+            error,
+            phase: Phase::SendOffsets,
+            open: true,
+            refused: None,
+        })?;
+    }
+    producer.commit_transaction(spec.call_timeout).map_err(|error| TxnFailure {
+        error,
+        phase: Phase::Commit,
+        open: true,
+        refused: None,
+    })
+}
+
 /// The offsets to commit: per partition, one past the highest offset of the batch.
-pub(super) fn next_offsets(batch: &[Record]) -> TopicPartitionList {
+pub(super) fn next_offsets<'a>(batch: impl IntoIterator<Item = &'a Record>) -> TopicPartitionList {
     let mut next: HashMap<(&str, i32), i64> = HashMap::new();
     for r in batch {
         let e = next.entry((r.topic.as_str(), r.partition)).or_insert(r.offset + 1);
@@ -125,21 +203,6 @@ pub(super) fn next_offsets(batch: &[Record]) -> TopicPartitionList {
         let _ = tpl.add_partition_offset(topic, partition, Offset::Offset(offset));
     }
     tpl
-}
-
-pub(super) fn needs_new_producer(e: &KafkaError) -> bool {
-    match e {
-        KafkaError::Transaction(t) => {
-            t.is_fatal()
-                || matches!(
-                    t.code(),
-                    RDKafkaErrorCode::OperationTimedOut
-                        | RDKafkaErrorCode::MessageTimedOut
-                        | RDKafkaErrorCode::RequestTimedOut
-                )
-        }
-        _ => false,
-    }
 }
 
 #[cfg(test)]

@@ -166,6 +166,7 @@ impl ClientContext for DriverContext {
 impl ConsumerContext for DriverContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
+            self.shared.metrics.rebalances_total.with_label_values(&[&self.shared.spec.name, "revoked"]).inc();
             let partitions: Vec<TopicPartition> =
                 tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
             info!(pipeline = %self.shared.spec.name, partitions = partitions.len(), "Partitions revoked; draining.");
@@ -176,6 +177,7 @@ impl ConsumerContext for DriverContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
+                self.shared.metrics.rebalances_total.with_label_values(&[&self.shared.spec.name, "assigned"]).inc();
                 self.shared.assign(tpl);
                 self.shared.status.lock().unwrap_or_else(PoisonError::into_inner).assigned = true;
                 // librdkafka keeps an application pause across re-assignment: a partition
