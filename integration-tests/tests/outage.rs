@@ -213,7 +213,11 @@ async fn antifraud_keeps_its_partitions_through_a_database_outage() {
     env.db.refuse_connections().await;
     assert_eq!(admin_post(&app, "/admin/pipelines/antifraud/resume").await.status(), StatusCode::OK);
     tokio::time::sleep(Duration::from_secs(9)).await;
+    // Admin commands are served while the stage waits: pause, then resume after the outage.
+    assert_eq!(admin_post(&app, "/admin/pipelines/antifraud/pause").await.status(), StatusCode::OK);
+    assert_eq!(pipeline(&app, "antifraud").await["paused"], true);
     env.db.allow_connections().await;
+    assert_eq!(admin_post(&app, "/admin/pipelines/antifraud/resume").await.status(), StatusCode::OK);
 
     assert_everything_final(&env, &app, &ids).await;
     let metrics = app.metrics().await;

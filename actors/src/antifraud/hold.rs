@@ -20,8 +20,8 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::warn;
 
-use super::{AntifraudContext, LoopIo, PIPELINE};
-use crate::consume::Record;
+use super::{set_admin_pause, AntifraudContext, LoopIo, PIPELINE};
+use crate::consume::{Control, Record};
 
 /// Something held in a batch, by the input record it stands for.
 pub(super) trait OfRecord {
@@ -53,6 +53,22 @@ impl<'a> Hold<'a> {
     pub(super) fn wait(&self, io: &LoopIo<'_>, duration: Duration) -> Vec<(String, i32)> {
         let until = Instant::now() + duration;
         loop {
+            // Admin commands are answered while holding; the partitions stay paused until
+            // the hold ends, which then follows the admin state. A stop raised the stopping
+            // flag before it was sent: the batch gives up at once and the loop ends.
+            while let Ok(c) = io.control.try_recv() {
+                match c {
+                    Control::Pause(applied) => {
+                        set_admin_pause(self.consumer, io.status, true, false);
+                        let _ = applied.send(());
+                    }
+                    Control::Resume(applied) => {
+                        set_admin_pause(self.consumer, io.status, false, false);
+                        let _ = applied.send(());
+                    }
+                    Control::Stop(done) => drop(done),
+                }
+            }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() || io.stopping.load(Ordering::Relaxed) {
                 break;

@@ -262,17 +262,11 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngin
                     return;
                 }
                 Control::Pause(applied) => {
-                    consumer.context().admin_paused.store(true, Ordering::Relaxed);
-                    hold::set_paused(consumer, true);
-                    status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
-                    info!(pipeline = PIPELINE, "Pipeline paused.");
+                    set_admin_pause(consumer, status, true, true);
                     let _ = applied.send(());
                 }
                 Control::Resume(applied) => {
-                    consumer.context().admin_paused.store(false, Ordering::Relaxed);
-                    hold::set_paused(consumer, false);
-                    status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
-                    info!(pipeline = PIPELINE, "Pipeline resumed.");
+                    set_admin_pause(consumer, status, false, true);
                     let _ = applied.send(());
                 }
             }
@@ -295,6 +289,17 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngin
         }
         metrics.inflight.with_label_values(&[PIPELINE, "all"]).set(0);
     }
+}
+
+/// Applies an admin pause or resume: the flag that rebalances follow, the status, and,
+/// with `now`, the assignment's pause state (a hold applies it when it ends instead).
+fn set_admin_pause(consumer: &BaseConsumer<AntifraudContext>, status: &Mutex<PipelineStatus>, pause: bool, now: bool) {
+    consumer.context().admin_paused.store(pause, Ordering::Relaxed);
+    if now {
+        hold::set_paused(consumer, pause);
+    }
+    status.lock().unwrap_or_else(PoisonError::into_inner).paused = pause;
+    info!(pipeline = PIPELINE, "Pipeline {}.", if pause { "paused" } else { "resumed" });
 }
 
 fn publish_status(consumer: &BaseConsumer<AntifraudContext>, status: &Mutex<PipelineStatus>) {
