@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests create a fresh database per test on this server.
 export TALLY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: help run test test-kafka lint fmt migrate broker schema db bench noida
+.PHONY: help run test test-kafka chaos lint fmt migrate broker schema db bench noida
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -22,6 +22,11 @@ test: db noida ## Run every test (unit and integration, real PostgreSQL and Kafk
 test-kafka: db ## The transaction tests against another cluster (set TALLY_TEST_KAFKA=host:port)
 	@test -n "$$TALLY_TEST_KAFKA" || { echo "Set TALLY_TEST_KAFKA=host:port of a real cluster."; exit 2; }
 	$(CARGO) test -p tally-integration-tests --test noida read_committed
+
+CHAOS_SECS ?= 300
+chaos: db ## The history checker under faults, long profile (CHAOS_SECS=300; CHAOS_SEED=n replays a schedule)
+	TALLY_CHAOS_SECS=$(CHAOS_SECS) $(if $(CHAOS_SEED),TALLY_CHAOS_SEED=$(CHAOS_SEED)) \
+		$(CARGO) test -p tally-integration-tests --test chaos -- --nocapture
 
 noida: ## Install noida-db (a Kafka with real transactions, for tests) under target/, once
 	@scripts/ensure-noida.sh >/dev/null

@@ -201,6 +201,20 @@ impl TestDb {
     pub async fn pending_outbox(&self) -> i64 {
         self.scalar_i64("SELECT count(*) FROM outbox_events WHERE published_at IS NULL", &[]).await
     }
+
+    /// Waits until every outbox row is published.
+    ///
+    /// # Panics
+    /// When that does not happen within [`Deadline::DEFAULT`].
+    pub async fn wait_outbox_published(&self) {
+        wait_until("every outbox row is published", Deadline::DEFAULT, || async {
+            match self.pending_outbox().await {
+                0 => Ok(()),
+                pending => Err(format!("{pending} pending")),
+            }
+        })
+        .await;
+    }
 }
 
 impl Drop for TestDb {

@@ -244,15 +244,7 @@ async fn an_antifraud_pause_lasts_across_a_rebalance() {
         account(&a, &source, 10_000, "BRL").await;
         ids.push(transfer(&a, &source, "P-D", 100).await);
     }
-    wait_until("every request is published", Deadline::DEFAULT, || async {
-        let pending = env.db.pending_outbox().await;
-        if pending == 0 {
-            Ok(())
-        } else {
-            Err(format!("{pending} pending"))
-        }
-    })
-    .await;
+    env.db.wait_outbox_published().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let decided = env.db.count("antifraud_decisions").await;
     assert_eq!(decided, 0, "nothing is decided while antifraud is paused, on any partition");

@@ -15,6 +15,11 @@ use tally_integration_tests::{
 };
 use uuid::Uuid;
 
+/// The tests that run daemons take turns: noida-db answers empty fetches at once, so every
+/// idle consumer spins, and two such tests at once starved the daemons' HTTP listeners on
+/// a 2-core machine.
+static DAEMONS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Records of an aborted transaction are invisible to read_committed consumers; the
 /// committed ones are visible.
 #[test]
@@ -66,6 +71,7 @@ fn decisions_seen_within(bootstrap: &str, quiet: Duration) -> HashMap<String, Ve
 /// under read_committed each transfer has exactly one antifraud decision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_flow_on_a_transactional_broker_decides_each_transfer_once() {
+    let _turn = DAEMONS.lock().await;
     let broker = NoidaBroker::start();
     let db = TestDb::new().await;
     let app = noida::spawn(&db, &broker, |_| {}).await;
@@ -119,6 +125,7 @@ fn antifraud_only(c: &mut tally_engine::Config) {
 /// aborts it never reads on, a limitation of noida-db that Kafka does not have.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_stage_recreates_its_producer_and_decides_each_transfer_once() {
+    let _turn = DAEMONS.lock().await;
     let broker = NoidaBroker::start();
     let db = TestDb::new().await;
     let app = noida::spawn(&db, &broker, |c| {
@@ -176,6 +183,7 @@ async fn a_fenced_stage_recreates_its_producer_and_decides_each_transfer_once() 
 /// ends final and has exactly one decision under read_committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_antifraud_instances_decide_each_transfer_once_across_rebalances() {
+    let _turn = DAEMONS.lock().await;
     let broker = NoidaBroker::start();
     let db = TestDb::new().await;
     let first = noida::spawn(&db, &broker, |_| {}).await;
@@ -242,6 +250,7 @@ async fn still_pending(db: &TestDb, ids: &[Uuid]) -> i64 {
 /// (tally starts antifraud, and so fences, before its consumers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_killed_mid_flow_and_restarted_under_its_id_finishes_every_transfer() {
+    let _turn = DAEMONS.lock().await;
     let broker = NoidaBroker::start();
     let db = TestDb::new().await;
     // The intake and the outbox run here; the consuming stages in the child process.
@@ -477,6 +486,7 @@ fn a_consumer_resuming_inside_an_aborted_transaction_reads_past_it() {
 /// that answers DescribeConfigs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topics_are_created_with_their_configs() {
+    let _turn = DAEMONS.lock().await;
     use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
     use rdkafka::client::DefaultClientContext;
     use rdkafka::config::ClientConfig;

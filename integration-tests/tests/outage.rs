@@ -198,15 +198,7 @@ async fn antifraud_keeps_its_partitions_through_a_database_outage() {
     for i in 0..8 {
         ids.push(post_transfer(&app, "K-A", "K-B", 100 + i).await);
     }
-    wait_until("every request is published", Deadline::DEFAULT, || async {
-        let pending = env.db.pending_outbox().await;
-        if pending == 0 {
-            Ok(())
-        } else {
-            Err(format!("{pending} pending"))
-        }
-    })
-    .await;
+    env.db.wait_outbox_published().await;
     const REVOKED: &str = r#"tally_rebalances_total{event="revoked",pipeline="antifraud"}"#;
     let revoked_before = metric_value(&app.metrics().await, REVOKED).unwrap_or(0.0);
 
