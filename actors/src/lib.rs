@@ -9,6 +9,7 @@
 pub mod antifraud;
 pub mod consume;
 pub mod db;
+pub mod faults;
 pub mod ledger;
 pub mod metrics;
 pub mod notify;

@@ -157,6 +157,12 @@ fn main() -> ExitCode {
 
 fn run(config: Config) -> anyhow::Result<()> {
     info!(version = env!("CARGO_PKG_VERSION"), "Starting tally.");
+    if let Some(fault) = tally_actors::faults::active() {
+        tracing::warn!(
+            fault = fault.name(),
+            "A test fault switch is on (TALLY_FAULT): a guarantee is broken on purpose."
+        );
+    }
     let expected = database::embedded_versions()?;
     database::prepare_blocking(config.database.url.expose()).with_context(|| {
         format!("cannot prepare the database at {}", database::redact(config.database.url.expose()))

@@ -223,7 +223,7 @@ async fn kill_connections(env: &TestEnv) -> u64 {
 async fn faults(
     env: &TestEnv,
     daemons: &mut [Daemon],
-    seed: u64,
+    (seed, kill_at): (u64, Option<Duration>),
     until: Instant,
     started: Instant,
     history: &Mutex<History>,
@@ -234,6 +234,15 @@ async fn faults(
         eprintln!("chaos +{:>6} ms: {what}", started.elapsed().as_millis());
         history.lock().expect("history").faults.push((started.elapsed().as_millis(), what));
     };
+    if let Some(at) = kill_at {
+        tokio::time::sleep_until((started + at).into()).await;
+        log("kill -9 daemon b (scheduled)".into());
+        daemons[1].kill();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        daemons[1].start(env);
+        daemons[1].wait_ready(&http).await;
+        log("daemon b ready again".into());
+    }
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..4_000))).await;
         match rng.random_range(0..5) {
@@ -307,11 +316,37 @@ struct Check {
     violations: Vec<String>,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_history_holds_every_invariant() {
-    let seed: u64 = std::env::var("TALLY_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-    let secs: u64 = std::env::var("TALLY_CHAOS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
-    eprintln!("chaos: seed {seed}, {secs} s of faults (replay with TALLY_CHAOS_SEED={seed})");
+/// What one run does besides the load: how long the faults last, a fault switch inside the
+/// daemons (test builds only), and how long quiescence may take.
+struct Profile {
+    secs: u64,
+    fault: Option<&'static str>,
+    /// A kill -9 of daemon b at this offset, before the drawn faults.
+    kill_at: Option<Duration>,
+    quiet_within: Duration,
+}
+
+/// A finished run: what it keeps alive for later looks, its history and its checks.
+struct Run {
+    env: TestEnv,
+    daemons: Vec<Daemon>,
+    history: History,
+    checks: Vec<Check>,
+}
+
+/// The chaos runs of this binary take turns: each one loads both cores.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn seed() -> u64 {
+    std::env::var("TALLY_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random)
+}
+
+async fn run(seed: u64, profile: &Profile) -> Run {
+    let secs = profile.secs;
+    eprintln!(
+        "chaos: seed {seed}, {secs} s of faults{} (replay with TALLY_CHAOS_SEED={seed})",
+        profile.fault.map(|f| format!(", fault switch {f}")).unwrap_or_default()
+    );
     let env = TestEnv::new().await;
     // The receiver fails the first delivery of one event in five, and nothing more, so
     // every event is delivered within its attempts.
@@ -330,13 +365,15 @@ async fn chaos_history_holds_every_invariant() {
     for spec in tally_engine::kafka::topic_specs(&config) {
         env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
     }
+    let fault = ("TALLY_FAULT", profile.fault.unwrap_or(""));
     let webhook = [
         ("TALLY__NOTIFICATIONS__WEBHOOK_URL", receiver.url.as_str()),
         ("TALLY__NOTIFICATIONS__WEBHOOK_SECRET", SECRET),
+        fault,
     ];
     let mut daemons = vec![
         Daemon::new("a", &webhook),
-        Daemon::new("b", &[("TALLY__PIPELINES__OUTBOX", "false"), ("TALLY__PIPELINES__NOTIFICATIONS", "false")]),
+        Daemon::new("b", &[("TALLY__PIPELINES__OUTBOX", "false"), ("TALLY__PIPELINES__NOTIFICATIONS", "false"), fault]),
     ];
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("http client");
     for d in &mut daemons {
@@ -362,7 +399,10 @@ async fn chaos_history_holds_every_invariant() {
     let clients: Vec<_> = (0..CLIENTS)
         .map(|i| tokio::spawn(client(i, seed, until, started, bases.clone(), Arc::clone(&history))))
         .collect();
-    tokio::join!(faults(&env, &mut daemons, seed, until, started, &history), inject_records(&env, until, &history));
+    tokio::join!(
+        faults(&env, &mut daemons, (seed, profile.kill_at), until, started, &history),
+        inject_records(&env, until, &history)
+    );
     for c in clients {
         c.await.expect("client task");
     }
@@ -375,13 +415,14 @@ async fn chaos_history_holds_every_invariant() {
         d.wait_ready(&http).await;
     }
     eprintln!("chaos: faults over after {:.1} s; waiting for quiescence", started.elapsed().as_secs_f64());
-    let quiet = quiesce(&env, &receiver).await;
-    eprintln!("chaos: quiet after {:.1} s", quiet.as_secs_f64());
+    match quiesce(&env, &receiver, profile.quiet_within).await {
+        Ok(quiet) => eprintln!("chaos: quiet after {:.1} s", quiet.as_secs_f64()),
+        Err(e) => eprintln!("chaos: {e}"),
+    }
 
     let mut history = std::mem::take(&mut *history.lock().expect("history"));
     history.deliveries = receiver.calls();
     let checks = check(&env, &daemons[0], &history).await;
-    let failed: Vec<&Check> = checks.iter().filter(|c| !c.violations.is_empty()).collect();
     eprintln!("\n{:<58} {:>8} {:>10}", "invariant", "checked", "violated");
     for c in &checks {
         eprintln!("{:<58} {:>8} {:>10}", c.name, c.checked, c.violations.len());
@@ -394,6 +435,17 @@ async fn chaos_history_holds_every_invariant() {
         history.poison.len(),
         history.duplicates
     );
+    Run { env, daemons, history, checks }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_history_holds_every_invariant() {
+    let _turn = TURN.lock().await;
+    let seed = seed();
+    let secs: u64 = std::env::var("TALLY_CHAOS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let profile = Profile { secs, fault: None, kill_at: None, quiet_within: Duration::from_secs(180) };
+    let Run { env, mut daemons, history, checks } = run(seed, &profile).await;
+    let failed: Vec<&Check> = checks.iter().filter(|c| !c.violations.is_empty()).collect();
     if !failed.is_empty() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../target/chaos/{seed}"));
         let _ = std::fs::create_dir_all(&dir);
@@ -406,6 +458,36 @@ async fn chaos_history_holds_every_invariant() {
     // The outbox runs on daemon a only: without it the tampered outbox row stays pending.
     daemons[0].kill();
     every_check_can_fail(&env, &daemons[1], history).await;
+}
+
+/// The checker notices a daemon that breaks a guarantee: with each test fault switch on,
+/// a short run reports the invariant that switch breaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_catches_each_broken_guarantee() {
+    let _turn = TURN.lock().await;
+    // A record whose offset was committed before its effect is never redelivered: the
+    // transfer or order it carried is never final. (On the embedded broker antifraud
+    // re-reads its input after every rebalance, since the mock keeps no transactional
+    // offsets, so a lost ledger record is often published again; a lost order is not.)
+    for (fault, invariants) in [
+        (tally_actors::faults::Fault::Rescore, &["at most one antifraud decision per transfer"][..]),
+        (
+            tally_actors::faults::Fault::OffsetBeforeCommit,
+            &["every accepted transfer has one final status", "every accepted order received exactly once"][..],
+        ),
+    ] {
+        // The kill comes after the consumers' first auto-commit (5 s), so that offsets
+        // stored early are committed when the daemon dies.
+        let profile = Profile {
+            secs: 20,
+            fault: Some(fault.name()),
+            kill_at: Some(Duration::from_secs(8)),
+            quiet_within: Duration::from_secs(40),
+        };
+        let run = run(seed(), &profile).await;
+        let seen: usize = run.checks.iter().filter(|c| invariants.contains(&c.name)).map(|c| c.violations.len()).sum();
+        assert!(seen > 0, "with {} on, the checker reported nothing under {invariants:?}", fault.name());
+    }
 }
 
 /// Tampers with the final state and the history in one way per check, and asserts that
@@ -459,7 +541,7 @@ async fn every_check_can_fail(env: &TestEnv, daemon: &Daemon, mut history: Histo
 
 /// Waits until every transfer is final, every outbox row is published and the receiver
 /// has a successful delivery for every final transfer.
-async fn quiesce(env: &TestEnv, receiver: &WebhookReceiver) -> Duration {
+async fn quiesce(env: &TestEnv, receiver: &WebhookReceiver, within: Duration) -> Result<Duration, String> {
     let started = Instant::now();
     loop {
         let pending = env.db.scalar_i64("SELECT count(*) FROM transfers WHERE status = 'PENDING'", &[]).await;
@@ -467,13 +549,14 @@ async fn quiesce(env: &TestEnv, receiver: &WebhookReceiver) -> Duration {
         let notified = delivered(&receiver.calls()).len() as i64;
         let fin = env.db.scalar_i64("SELECT count(*) FROM transfers WHERE status <> 'PENDING'", &[]).await;
         if pending == 0 && outbox == 0 && notified >= fin {
-            return started.elapsed();
+            return Ok(started.elapsed());
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(180),
-            "not quiet 180 s after the faults: {pending} transfers pending, {outbox} outbox rows unpublished, \
-             {notified} of {fin} final transfers notified"
-        );
+        if started.elapsed() >= within {
+            return Err(format!(
+                "not quiet {within:?} after the faults: {pending} transfers pending, {outbox} outbox rows \
+                 unpublished, {notified} of {fin} final transfers notified"
+            ));
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -570,7 +653,7 @@ async fn check(env: &TestEnv, daemon: &Daemon, history: &History) -> Vec<Check> 
     });
 
     // One antifraud decision per transfer, over everything ever published.
-    let mut decisions: BTreeMap<String, HashSet<(String, String)>> = BTreeMap::new();
+    let mut decisions: BTreeMap<String, HashSet<String>> = BTreeMap::new();
     for topic in ["transfers.analyzed", "transfers.rejected"] {
         for r in read_topic(env.bootstrap(), topic, Deadline::secs(30)).await.expect("read decisions") {
             let v = r.payload_json();
@@ -578,7 +661,10 @@ async fn check(env: &TestEnv, daemon: &Daemon, history: &History) -> Vec<Check> 
                 continue;
             }
             let id = v["transferId"].as_str().unwrap_or_default().to_owned();
-            decisions.entry(id).or_default().insert((topic.to_owned(), v["eventId"].to_string()));
+            // A decision is its outcome, score and time: a redelivery publishes the same one.
+            let decision =
+                format!("{topic} {} score {} at {}{}", v["eventId"], v["score"], v["analyzedAt"], v["rejectedAt"]);
+            decisions.entry(id).or_default().insert(decision);
         }
     }
     let violations = decisions

@@ -169,9 +169,7 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &Shared, record: Arc<Re
     }
     let offset = record.offset;
     match slot.tx.try_send(record) {
-        Ok(()) => {
-            slot.first_taken.get_or_insert(offset);
-        }
+        Ok(()) => taken(consumer, slot, &tp, offset),
         Err(mpsc::error::TrySendError::Full(record)) => {
             slot.stash.push_back(record);
             hold(consumer, shared, slot, &tp);
@@ -210,9 +208,7 @@ fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
             }
             let offset = record.offset;
             match slot.tx.try_send(record) {
-                Ok(()) => {
-                    slot.first_taken.get_or_insert(offset);
-                }
+                Ok(()) => taken(consumer, slot, &(topic.clone(), *partition), offset),
                 Err(mpsc::error::TrySendError::Full(record)) => {
                     slot.stash.push_front(record);
                     break;
@@ -225,6 +221,17 @@ fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
             if let Err(e) = consumer.resume(&tpl_of(topic, *partition)) {
                 warn!(pipeline = %shared.spec.name, error = %e, "Cannot resume partition.");
             }
+        }
+    }
+}
+
+/// A record at `offset` went to its worker.
+fn taken(consumer: &BaseConsumer<DriverContext>, slot: &mut Slot, tp: &TopicPartition, offset: i64) {
+    slot.first_taken.get_or_insert(offset);
+    if crate::faults::is_on(crate::faults::Fault::OffsetBeforeCommit) && offset + 1 > slot.stored {
+        // Broken on purpose (test builds only): committed before its effect.
+        if consumer.store_offset(&tp.0, tp.1, offset + 1).is_ok() {
+            slot.stored = offset + 1;
         }
     }
 }

@@ -1,0 +1,49 @@
+//! Test-only fault switches. Each breaks one guarantee on purpose, so that the history
+//! checker under faults (`integration-tests/tests/chaos.rs`) can show that it notices.
+//! They exist only in debug builds (`cfg(debug_assertions)`): a release build compiles
+//! every switch to `false`. In a debug build, `TALLY_FAULT=<name>` turns one on for the
+//! process, and the daemon says so at start.
+
+/// One broken guarantee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Antifraud scores every delivery again instead of publishing the stored decision.
+    Rescore,
+    /// A consumed record's offset is stored as soon as it is handed to its worker, before
+    /// its effect is committed to the database.
+    OffsetBeforeCommit,
+}
+
+impl Fault {
+    /// The value of `TALLY_FAULT` that turns it on.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Rescore => "rescore",
+            Self::OffsetBeforeCommit => "offset-before-commit",
+        }
+    }
+}
+
+/// The fault turned on for this process, if any (always `None` in release builds).
+#[must_use]
+pub fn active() -> Option<Fault> {
+    #[cfg(debug_assertions)]
+    {
+        static ACTIVE: std::sync::OnceLock<Option<Fault>> = std::sync::OnceLock::new();
+        *ACTIVE.get_or_init(|| {
+            let wanted = std::env::var("TALLY_FAULT").ok()?;
+            [Fault::Rescore, Fault::OffsetBeforeCommit].into_iter().find(|f| f.name() == wanted)
+        })
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        None
+    }
+}
+
+/// Whether `fault` is turned on.
+#[must_use]
+pub fn is_on(fault: Fault) -> bool {
+    active() == Some(fault)
+}
