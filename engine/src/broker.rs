@@ -134,6 +134,16 @@ impl EmbeddedBroker {
         check(unsafe { rdsys::rd_kafka_mock_broker_set_down(self.cluster.as_ptr(), id) })
     }
 
+    /// Adds `rtt` to every answer of broker `id` (zero removes it).
+    ///
+    /// # Errors
+    /// When there is no such broker or the delay is too long.
+    pub fn set_rtt(&self, id: i32, rtt: std::time::Duration) -> anyhow::Result<()> {
+        let ms = std::ffi::c_int::try_from(rtt.as_millis()).context("rtt too long")?;
+        // SAFETY: live cluster.
+        check(unsafe { rdsys::rd_kafka_mock_broker_set_rtt(self.cluster.as_ptr(), id, ms) })
+    }
+
     /// Brings broker `id` back up.
     ///
     /// # Errors

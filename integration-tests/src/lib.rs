@@ -1069,6 +1069,25 @@ impl TestDb {
         .await;
     }
 
+    /// Starts or ends an outage for tally's processes only: the database refuses new
+    /// connections and tally's open ones (application names `tally*`) are terminated,
+    /// while this handle's own connection lives on.
+    ///
+    /// # Panics
+    /// When the server cannot be reached.
+    pub async fn refuse_tally(&self, refuse: bool) {
+        let allow = if refuse { "false" } else { "true" };
+        let mut sql = format!("ALTER DATABASE \"{}\" ALLOW_CONNECTIONS {allow};", self.name);
+        if refuse {
+            sql.push_str(&format!(
+                " SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = '{}' AND application_name LIKE 'tally%';",
+                self.name
+            ));
+        }
+        self.admin(&sql).await;
+    }
+
     /// Ends the outage of [`TestDb::refuse_connections`] and reconnects this handle.
     ///
     /// # Panics
