@@ -12,6 +12,8 @@ pub enum Fault {
     /// A consumed record's offset is stored as soon as it is handed to its worker, before
     /// its effect is committed to the database.
     OffsetBeforeCommit,
+    /// The outbox publisher produces each batch it claimed in reverse order.
+    OutboxOutOfOrder,
 }
 
 impl Fault {
@@ -21,6 +23,7 @@ impl Fault {
         match self {
             Self::Rescore => "rescore",
             Self::OffsetBeforeCommit => "offset-before-commit",
+            Self::OutboxOutOfOrder => "outbox-out-of-order",
         }
     }
 }
@@ -33,7 +36,9 @@ pub fn active() -> Option<Fault> {
         static ACTIVE: std::sync::OnceLock<Option<Fault>> = std::sync::OnceLock::new();
         *ACTIVE.get_or_init(|| {
             let wanted = std::env::var("TALLY_FAULT").ok()?;
-            [Fault::Rescore, Fault::OffsetBeforeCommit].into_iter().find(|f| f.name() == wanted)
+            [Fault::Rescore, Fault::OffsetBeforeCommit, Fault::OutboxOutOfOrder]
+                .into_iter()
+                .find(|f| f.name() == wanted)
         })
     }
     #[cfg(not(debug_assertions))]

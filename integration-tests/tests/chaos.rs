@@ -113,6 +113,8 @@ struct Call {
     client: usize,
     /// `/transfers` or `/orders`.
     path: &'static str,
+    /// When the request was sent (`at_ms`: when its answer came), since the run started.
+    sent_ms: u128,
     key: String,
     attempt: u32,
     at_ms: u128,
@@ -179,6 +181,7 @@ async fn client(
         let key = Uuid::new_v4().to_string();
         for attempt in 1..=8_u32 {
             let base = &daemons[(attempt as usize + id) % daemons.len()];
+            let sent_ms = started.elapsed().as_millis();
             let sent = http.post(format!("{base}{path}")).header("Idempotency-Key", &key).json(&request).send().await;
             let (status, response) = match sent {
                 Ok(r) => {
@@ -191,6 +194,7 @@ async fn client(
             history.lock().expect("history").calls.push(Call {
                 client: id,
                 path,
+                sent_ms,
                 key: key.clone(),
                 attempt,
                 at_ms,
@@ -237,12 +241,12 @@ async fn faults(
     };
     if let Some(at) = kill_at {
         tokio::time::sleep_until((started + at).into()).await;
-        log("kill -9 daemon b (scheduled)".into());
-        daemons[1].kill();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        daemons[1].start(env);
-        daemons[1].wait_ready(&http).await;
-        log("daemon b ready again".into());
+        log("kill -9 daemon a (scheduled)".into());
+        daemons[0].kill();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        daemons[0].start(env);
+        daemons[0].wait_ready(&http).await;
+        log("daemon a ready again".into());
     }
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..4_000))).await;
@@ -311,7 +315,7 @@ async fn inject_records(env: &TestEnv, until: Instant, history: &Mutex<History>)
         };
         let orders = read_topic(env.bootstrap(), "orders.received", Deadline::secs(10)).await.unwrap_or_default();
         let last_order = orders.last().filter(|_| n % 2 == 0);
-        let last_transfer = records.iter().rev().find(|r| r.payload_json().get("transferId").is_some());
+        let last_transfer = records.iter().rev().find(|r| json_of(r).get("transferId").is_some());
         if let Some(r) = last_order.or(last_transfer) {
             let payload = r.payload.clone().unwrap_or_default();
             let key = r.key.clone().unwrap_or_default();
@@ -326,6 +330,11 @@ async fn inject_records(env: &TestEnv, until: Instant, history: &Mutex<History>)
     }
 }
 
+/// A record's payload as JSON; `Null` for poison (or no payload).
+fn json_of(r: &tally_integration_tests::KafkaRecord) -> Value {
+    r.payload.as_deref().and_then(|p| serde_json::from_slice(p).ok()).unwrap_or(Value::Null)
+}
+
 /// An invariant's outcome: how many cases were checked, and the violations.
 struct Check {
     name: &'static str,
@@ -338,7 +347,8 @@ struct Check {
 struct Profile {
     secs: u64,
     fault: Option<&'static str>,
-    /// A kill -9 of daemon b at this offset, before the drawn faults.
+    /// A kill -9 of daemon a (every pipeline, the only outbox publisher) at this offset,
+    /// before the drawn faults.
     kill_at: Option<Duration>,
     quiet_within: Duration,
 }
@@ -492,6 +502,10 @@ async fn chaos_catches_each_broken_guarantee() {
             tally_actors::faults::Fault::OffsetBeforeCommit,
             &["every accepted transfer has one final status", "every accepted order received exactly once"][..],
         ),
+        (
+            tally_actors::faults::Fault::OutboxOutOfOrder,
+            &["per key, requests published in the order clients saw them"][..],
+        ),
     ] {
         // The kill comes after the consumers' first auto-commit (5 s), so that offsets
         // stored early are committed when the daemon dies.
@@ -542,6 +556,11 @@ async fn every_check_can_fail(env: &TestEnv, daemon: &Daemon, mut history: Histo
         history.calls.iter().find(|c| c.status == 201 && c.path == "/transfers").cloned().expect("an accepted call");
     twin.response["id"] = json!(Uuid::new_v4());
     history.calls.push(twin);
+    // As if every transfer had been answered at once: then any request published after
+    // another of its key was sent later than its answer.
+    for c in history.calls.iter_mut().filter(|c| c.path == "/transfers") {
+        c.at_ms = 0;
+    }
     db.execute(
         "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
          VALUES (gen_random_uuid(), 'transfers.requested', 'C-0', 'TransferRequested', '{}')",
@@ -673,7 +692,7 @@ async fn check(env: &TestEnv, daemon: &Daemon, history: &History) -> Vec<Check> 
     let mut decisions: BTreeMap<String, HashSet<String>> = BTreeMap::new();
     for topic in ["transfers.analyzed", "transfers.rejected"] {
         for r in read_topic(env.bootstrap(), topic, Deadline::secs(30)).await.expect("read decisions") {
-            let v = r.payload_json();
+            let v = json_of(&r);
             if topic == "transfers.rejected" && v["reason"] != "BLOCKED_BY_ANTIFRAUD" {
                 continue;
             }
@@ -774,9 +793,52 @@ async fn check(env: &TestEnv, daemon: &Daemon, history: &History) -> Vec<Check> 
         violations,
     });
 
-    // Every outbox row published, and on its topic. (Per-key commit order is not checked:
-    // `seq` is the insert order, commit order can differ, and PostgreSQL keeps no commit
-    // times unless `track_commit_timestamp` is on.)
+    // Per key, transfer requests appear in the order clients saw them committed: when one
+    // request's 201 came before another's first attempt was sent, both from one source
+    // account, the first is published first. (Only the order clients can observe is
+    // checked: `seq` is the insert order, commit order can differ, and PostgreSQL keeps no
+    // commit times unless `track_commit_timestamp` is on.)
+    let mut timing: HashMap<String, (u128, u128)> = HashMap::new();
+    let mut first_sent: HashMap<&str, u128> = HashMap::new();
+    for c in history.calls.iter().filter(|c| c.path == "/transfers") {
+        let sent = first_sent.entry(&c.key).or_insert(c.sent_ms);
+        *sent = (*sent).min(c.sent_ms);
+    }
+    for c in history.calls.iter().filter(|c| c.path == "/transfers" && c.status == 201) {
+        let id = c.response["id"].as_str().unwrap_or_default().to_owned();
+        let sent = first_sent.get(c.key.as_str()).copied().unwrap_or(c.sent_ms);
+        let t = timing.entry(id).or_insert((sent, c.at_ms));
+        t.1 = t.1.min(c.at_ms);
+    }
+    let mut violations = Vec::new();
+    let mut firsts: HashSet<String> = HashSet::new();
+    // Per (partition, key): the latest "sent" among the requests published so far.
+    let mut latest_sent: HashMap<(i32, String), (u128, String)> = HashMap::new();
+    for r in read_topic(env.bootstrap(), "transfers.requested", Deadline::secs(30)).await.expect("read requests") {
+        let v = json_of(&r);
+        let id = v["transferId"].as_str().unwrap_or_default().to_owned();
+        let Some(&(sent, answered)) = timing.get(&id) else { continue };
+        if !firsts.insert(id.clone()) {
+            continue;
+        }
+        let slot = latest_sent.entry((r.partition, r.key.clone().unwrap_or_default())).or_insert((0, String::new()));
+        if slot.0 > answered {
+            violations.push(format!(
+                "transfer {id} (answered at {answered} ms) published after {} (sent at {} ms)",
+                slot.1, slot.0
+            ));
+        }
+        if sent > slot.0 {
+            *slot = (sent, id);
+        }
+    }
+    checks.push(Check {
+        name: "per key, requests published in the order clients saw them",
+        checked: firsts.len(),
+        violations,
+    });
+
+    // Every outbox row published, and on its topic.
     let rows = db.query("SELECT id, topic, published_at IS NOT NULL FROM outbox_events", &[]).await;
     let outbox: HashMap<String, (String, bool)> =
         rows.iter().map(|r| (r.get::<_, Uuid>(0).to_string(), (r.get(1), r.get(2)))).collect();

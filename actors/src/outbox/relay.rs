@@ -134,7 +134,7 @@ impl OutboxRelay {
                     if shards.is_empty() {
                         return Ok(0);
                     }
-                    let rows: Vec<PendingOutboxEvent> = diesel::sql_query(
+                    let mut rows: Vec<PendingOutboxEvent> = diesel::sql_query(
                         "SELECT id, seq, topic, key, event_type, payload, traceparent, created_at \
                          FROM outbox_events \
                          WHERE published_at IS NULL AND shard = ANY($1) \
@@ -146,6 +146,10 @@ impl OutboxRelay {
                     .await?;
                     if rows.is_empty() {
                         return Ok(0);
+                    }
+                    if crate::faults::is_on(crate::faults::Fault::OutboxOutOfOrder) {
+                        // Broken on purpose (test builds only): per-key order lost.
+                        rows.reverse();
                     }
                     self.produce_all(&rows).await?;
                     let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
