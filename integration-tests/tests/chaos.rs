@@ -299,24 +299,26 @@ async fn faults(
     }
 }
 
-/// Poison records straight to `transfers.requested`, and duplicates of records already
-/// there and on `orders.received`, spread over the run.
+/// The topics tally consumes: poison and duplicates go to each in turn.
+const CONSUMED: [&str; 5] =
+    ["transfers.requested", "transfers.analyzed", "transfers.settled", "transfers.rejected", "orders.received"];
+
+/// Every few seconds a poison record and a copy of the newest record (same key, headers
+/// and partition, as a redelivery) straight to the next consumed topic.
 async fn inject_records(env: &TestEnv, until: Instant, history: &Mutex<History>) {
     let producer = producer(env.bootstrap());
     let mut n = 0;
     while Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(4_000)).await;
+        tokio::time::sleep(Duration::from_millis(3_000)).await;
+        let topic = CONSUMED[n % CONSUMED.len()];
         n += 1;
         let marker = format!("chaos-poison-{n}-{}", Uuid::new_v4().simple());
-        tally_integration_tests::produce(&producer, "transfers.requested", None, "C-0", marker.as_bytes(), &[]).await;
+        tally_integration_tests::produce(&producer, topic, None, "C-0", marker.as_bytes(), &[]).await;
         history.lock().expect("history").poison.push(marker);
-        let Ok(records) = read_topic(env.bootstrap(), "transfers.requested", Deadline::secs(10)).await else {
+        let Ok(records) = read_topic(env.bootstrap(), topic, Deadline::secs(10)).await else {
             continue;
         };
-        let orders = read_topic(env.bootstrap(), "orders.received", Deadline::secs(10)).await.unwrap_or_default();
-        let last_order = orders.last().filter(|_| n % 2 == 0);
-        let last_transfer = records.iter().rev().find(|r| json_of(r).get("transferId").is_some());
-        if let Some(r) = last_order.or(last_transfer) {
+        if let Some(r) = records.iter().rev().find(|r| !json_of(r).is_null()) {
             let payload = r.payload.clone().unwrap_or_default();
             let key = r.key.clone().unwrap_or_default();
             let headers: Vec<(String, String)> = ["event-id", "event-type", "traceparent"]
@@ -324,7 +326,7 @@ async fn inject_records(env: &TestEnv, until: Instant, history: &Mutex<History>)
                 .filter_map(|h| r.header(h).map(|v| ((*h).to_owned(), v.to_owned())))
                 .collect();
             let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            tally_integration_tests::produce(&producer, &r.topic, Some(r.partition), &key, &payload, &headers).await;
+            tally_integration_tests::produce(&producer, topic, Some(r.partition), &key, &payload, &headers).await;
             history.lock().expect("history").duplicates += 1;
         }
     }
@@ -696,7 +698,7 @@ async fn check(env: &TestEnv, daemon: &Daemon, history: &History) -> Vec<Check> 
             if topic == "transfers.rejected" && v["reason"] != "BLOCKED_BY_ANTIFRAUD" {
                 continue;
             }
-            let id = v["transferId"].as_str().unwrap_or_default().to_owned();
+            let Some(id) = v["transferId"].as_str().map(str::to_owned) else { continue };
             // A decision is its outcome, score and time: a redelivery publishes the same one.
             let decision =
                 format!("{topic} {} score {} at {}{}", v["eventId"], v["score"], v["analyzedAt"], v["rejectedAt"]);
@@ -711,9 +713,13 @@ async fn check(env: &TestEnv, daemon: &Daemon, history: &History) -> Vec<Check> 
     checks.push(Check { name: "at most one antifraud decision per transfer", checked: decisions.len(), violations });
 
     // Every poison record is dead-lettered (DLT topic or fallback table), nothing else.
-    let dlt = read_topic(env.bootstrap(), "transfers.requested-dlt", Deadline::secs(30)).await.expect("read the DLT");
-    let dlt_payloads: Vec<String> =
-        dlt.iter().map(|r| String::from_utf8_lossy(r.payload.as_deref().unwrap_or_default()).into_owned()).collect();
+    let mut dlt_payloads: Vec<String> = Vec::new();
+    for topic in CONSUMED {
+        let dlt = tally_schema::topics::dlt(topic);
+        for r in read_topic(env.bootstrap(), &dlt, Deadline::secs(30)).await.expect("read a DLT") {
+            dlt_payloads.push(String::from_utf8_lossy(r.payload.as_deref().unwrap_or_default()).into_owned());
+        }
+    }
     let fallback = db.query("SELECT payload FROM dead_letters", &[]).await;
     let table: Vec<String> = fallback
         .iter()
