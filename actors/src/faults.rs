@@ -14,6 +14,9 @@ pub enum Fault {
     OffsetBeforeCommit,
     /// The outbox publisher produces each batch it claimed in reverse order.
     OutboxOutOfOrder,
+    /// The ledger skips its inbox: a transfer already settled is applied again (the
+    /// postings' unique key still refuses a second debit, so it ends in the DLT).
+    SkipInbox,
 }
 
 impl Fault {
@@ -24,6 +27,7 @@ impl Fault {
             Self::Rescore => "rescore",
             Self::OffsetBeforeCommit => "offset-before-commit",
             Self::OutboxOutOfOrder => "outbox-out-of-order",
+            Self::SkipInbox => "skip-inbox",
         }
     }
 }
@@ -36,7 +40,7 @@ pub fn active() -> Option<Fault> {
         static ACTIVE: std::sync::OnceLock<Option<Fault>> = std::sync::OnceLock::new();
         *ACTIVE.get_or_init(|| {
             let wanted = std::env::var("TALLY_FAULT").ok()?;
-            [Fault::Rescore, Fault::OffsetBeforeCommit, Fault::OutboxOutOfOrder]
+            [Fault::Rescore, Fault::OffsetBeforeCommit, Fault::OutboxOutOfOrder, Fault::SkipInbox]
                 .into_iter()
                 .find(|f| f.name() == wanted)
         })

@@ -748,15 +748,24 @@ pub fn tally_binary() -> std::path::PathBuf {
 
 /// Starts `tally run` as a child process on `env` (its database, and its embedded broker
 /// as an external cluster), listeners on port 0, with extra `TALLY__*` variables. Its logs
-/// go to `target/<profile>/tally-child.log` for post-mortems. Kill it with `Child::kill`.
+/// go to `target/<profile>/tally-child.log`, or `tally-child-<instance id>.log` when
+/// `extra` names the instance (appended across restarts), for post-mortems. Kill it with
+/// `Child::kill`.
 ///
 /// # Panics
 /// When the process cannot be started.
 #[must_use]
 pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> std::process::Child {
     let binary = tally_binary();
-    let log = binary.with_file_name("tally-child.log");
-    let stderr = std::fs::File::create(&log).map_or_else(|_| std::process::Stdio::null(), std::process::Stdio::from);
+    let log = match extra.iter().find(|(k, _)| *k == "TALLY__INSTANCE__ID") {
+        Some((_, id)) => binary.with_file_name(format!("tally-child-{id}.log")),
+        None => binary.with_file_name("tally-child.log"),
+    };
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_or_else(|_| std::process::Stdio::null(), std::process::Stdio::from);
     std::process::Command::new(binary)
         .arg("run")
         .env("TALLY__DATABASE__URL", env.db.url())

@@ -91,13 +91,16 @@ impl Daemon {
 
     async fn wait_ready(&self, http: &reqwest::Client) {
         let started = Instant::now();
+        let mut last = String::new();
         while started.elapsed() < Duration::from_secs(60) {
-            if http.get(format!("{}/readyz", self.admin)).send().await.is_ok_and(|r| r.status().is_success()) {
-                return;
+            match http.get(format!("{}/readyz", self.admin)).send().await {
+                Ok(r) if r.status().is_success() => return,
+                Ok(r) => last = r.text().await.unwrap_or_default(),
+                Err(e) => last = e.to_string(),
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        panic!("daemon {} not ready within 60 s", self.name);
+        panic!("daemon {} not ready within 60 s: {last}", self.name);
     }
 }
 
@@ -247,6 +250,7 @@ async fn faults(
         daemons[0].start(env);
         daemons[0].wait_ready(&http).await;
         log("daemon a ready again".into());
+        return;
     }
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..4_000))).await;
@@ -350,7 +354,7 @@ struct Profile {
     secs: u64,
     fault: Option<&'static str>,
     /// A kill -9 of daemon a (every pipeline, the only outbox publisher) at this offset,
-    /// before the drawn faults.
+    /// instead of the drawn faults.
     kill_at: Option<Duration>,
     quiet_within: Duration,
 }
@@ -507,6 +511,13 @@ async fn chaos_catches_each_broken_guarantee() {
         (
             tally_actors::faults::Fault::OutboxOutOfOrder,
             &["per key, requests published in the order clients saw them"][..],
+        ),
+        (
+            tally_actors::faults::Fault::SkipInbox,
+            &[
+                "every poison record dead-lettered, and nothing else",
+                "SETTLED: one D and one C of its amount; else none",
+            ][..],
         ),
     ] {
         // The kill comes after the consumers' first auto-commit (5 s), so that offsets

@@ -302,6 +302,12 @@ pub async fn settle_batch(
             .into_iter()
             .map(|r| r.transfer_id)
             .collect();
+            // Broken on purpose (test builds only): every transfer counts as new.
+            let fresh: HashSet<Uuid> = if crate::faults::is_on(crate::faults::Fault::SkipInbox) {
+                ids.iter().copied().collect()
+            } else {
+                fresh
+            };
 
             let mut account_ids: Vec<String> = batch
                 .iter()
