@@ -18,7 +18,7 @@
 //! again; after a fatal error the transactional producer is re-created and only what the
 //! group's committed offsets do not cover is produced again. Polling (and so rebalancing)
 //! happens between transactions and while a batch waits out a failure, with its
-//! partitions paused ([`hold`]), so a long outage never costs the group membership;
+//! partitions paused (module `hold`), so a long outage never costs the group membership;
 //! records of partitions revoked meanwhile are dropped from the batch and go to the
 //! partition's new owner. An admin pause lasts across rebalances.
 //!
