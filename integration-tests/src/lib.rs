@@ -341,6 +341,22 @@ impl TestEnv {
     }
 }
 
+/// Runs only the pipelines named in `names` (`outbox`, `ledger`, `antifraud`,
+/// `projection`, `orders`, `notifications`); every other one is turned off.
+pub fn run_only(c: &mut Config, names: &[&str]) {
+    let p = &mut c.pipelines;
+    for (name, on) in [
+        ("outbox", &mut p.outbox),
+        ("ledger", &mut p.ledger),
+        ("antifraud", &mut p.antifraud),
+        ("projection", &mut p.projection),
+        ("orders", &mut p.orders),
+        ("notifications", &mut p.notifications),
+    ] {
+        *on = names.contains(&name);
+    }
+}
+
 /// A fresh [`TestEnv`] and one daemon on it, configured by `configure` (pass `|_| {}` for
 /// the defaults). Bind as `let (env, app) = ...` so the daemon stops before the database
 /// is dropped.

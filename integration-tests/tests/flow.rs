@@ -225,15 +225,7 @@ async fn an_antifraud_pause_lasts_across_a_rebalance() {
     let pause = a.client.post(format!("{}/admin/pipelines/antifraud/pause", a.admin_url)).bearer_auth(TOKEN);
     assert_eq!(a.send(pause).await.status(), StatusCode::OK);
     // A second instance running antifraud only joins the group, then leaves it.
-    let b = env
-        .spawn(|c| {
-            c.pipelines.outbox = false;
-            c.pipelines.ledger = false;
-            c.pipelines.projection = false;
-            c.pipelines.orders = false;
-            c.pipelines.notifications = false;
-        })
-        .await;
+    let b = env.spawn(|c| tally_integration_tests::run_only(c, &["antifraud"])).await;
     TestApp::wait_for_shares(&[&a, &b], "antifraud", 12).await;
     b.stop().await;
     TestApp::wait_for_shares(&[&a], "antifraud", 12).await;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tally_integration_tests::noida::{self, NoidaBroker};
 use tally_integration_tests::{
-    assert_ledger_ok, create_account, final_state, metric_value, post_transfer, postings_of, TestApp, TestDb,
+    assert_ledger_ok, create_account, final_state, metric_value, post_transfer, postings_of, run_only, TestApp, TestDb,
 };
 use uuid::Uuid;
 
@@ -107,11 +107,7 @@ fn assert_one_decision_each(bootstrap: &str, ids: &[Uuid]) {
 
 /// The configuration of an instance that runs antifraud and nothing else.
 fn antifraud_only(c: &mut tally_engine::Config) {
-    c.pipelines.outbox = false;
-    c.pipelines.ledger = false;
-    c.pipelines.projection = false;
-    c.pipelines.orders = false;
-    c.pipelines.notifications = false;
+    run_only(c, &["antifraud"]);
 }
 
 /// A producer that takes the stage's `transactional.id` mid-flow fences the stage three
@@ -162,13 +158,7 @@ async fn a_fenced_stage_recreates_its_producer_and_decides_each_transfer_once() 
     let m = app.metrics().await;
     let renewed = metric_value(&m, r#"tally_kafka_transactions_total{outcome="producer_renewed"}"#).unwrap_or(0.0);
     assert!(renewed >= 1.0, "the fenced stage re-created its producer ({renewed})");
-    let ledger = noida::spawn(&db, &broker, |c| {
-        c.pipelines.outbox = false;
-        c.pipelines.antifraud = false;
-        c.pipelines.orders = false;
-        c.pipelines.notifications = false;
-    })
-    .await;
+    let ledger = noida::spawn(&db, &broker, |c| run_only(c, &["ledger", "projection"])).await;
     for id in &ids {
         assert_eq!(final_state(&app, *id).await["status"], "SETTLED", "{id}");
         assert_eq!(postings_of(&db, *id).await, 2, "{id} settled once");
@@ -254,14 +244,7 @@ async fn an_instance_killed_mid_flow_and_restarted_under_its_id_finishes_every_t
     let broker = NoidaBroker::start();
     let db = TestDb::new().await;
     // The intake and the outbox run here; the consuming stages in the child process.
-    let intake = noida::spawn(&db, &broker, |c| {
-        c.pipelines.ledger = false;
-        c.pipelines.antifraud = false;
-        c.pipelines.projection = false;
-        c.pipelines.orders = false;
-        c.pipelines.notifications = false;
-    })
-    .await;
+    let intake = noida::spawn(&db, &broker, |c| run_only(c, &["outbox"])).await;
     for (id, balance) in [("K-A", 100_000_000), ("K-B", 100_000_000), ("K-C", 0)] {
         create_account(&intake, id, balance, "BRL").await;
     }

@@ -1,7 +1,8 @@
 //! DLT administration: the inventory of the dead-letter topics of this
 //! configuration, reading their records, and replaying records to their original topic.
 //! (Inventory and reading live here with their unit tests; replay, dry runs and the
-//! `dead_letters` table have files of their own.)
+//! `dead_letters` table have files of their own.) Over 400 lines because those unit tests
+//! sit beside the inventory and reading they check.
 //!
 //! Everything here talks to Kafka with blocking librdkafka calls bounded by a deadline;
 //! HTTP handlers run it on a blocking thread (`web::block`). Reads use an `assign`ed
