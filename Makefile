@@ -21,12 +21,12 @@ test: db noida ## Run every test (unit and integration, real PostgreSQL and Kafk
 
 test-kafka: db ## The transaction tests against another cluster (set TALLY_TEST_KAFKA=host:port)
 	@test -n "$$TALLY_TEST_KAFKA" || { echo "Set TALLY_TEST_KAFKA=host:port of a real cluster."; exit 2; }
-	$(CARGO) test -p tally-integration-tests --test noida read_committed
+	$(CARGO) test -p tally-integration-tests --test it read_committed
 
 CHAOS_SECS ?= 300
 chaos: db ## The history checker under faults, long profile (CHAOS_SECS=300; CHAOS_SEED=n replays a schedule)
 	TALLY_CHAOS_SECS=$(CHAOS_SECS) $(if $(CHAOS_SEED),TALLY_CHAOS_SEED=$(CHAOS_SEED)) \
-		$(CARGO) test -p tally-integration-tests --test chaos -- --nocapture
+		$(CARGO) test -p tally-integration-tests --test it chaos:: -- --nocapture
 
 noida: ## Install noida-db (a Kafka with real transactions, for tests) under target/, once
 	@scripts/ensure-noida.sh >/dev/null

@@ -7,15 +7,17 @@
 //! Depends on `tally-schema`; `tally-engine` depends on this crate.
 
 pub mod antifraud;
+pub mod backoff;
 pub mod consume;
-pub mod db;
 pub mod faults;
+pub mod kafka;
 pub mod ledger;
 pub mod metrics;
 pub mod notify;
 pub mod orders;
 pub mod outbox;
 pub mod projection;
+pub mod store;
 pub mod supervise;
 
 pub use metrics::Metrics;

@@ -11,8 +11,9 @@ use actix_web::dev::ServerHandle;
 use actix_web::web;
 use anyhow::{anyhow, Context};
 use rdkafka::producer::FutureProducer;
-use tally_actors::db::{build_pool, PoolSettings};
+use tally_actors::ledger::Settler;
 use tally_actors::outbox::{self, OutboxPublisher, OutboxRelay, PublisherSettings, StopPublishing};
+use tally_actors::store::{build_pool, PoolSettings};
 use tally_actors::Metrics;
 use tokio::sync::{watch, Notify};
 use tracing::info;
@@ -20,10 +21,11 @@ use tracing::info;
 use crate::broker::{self, EmbeddedBroker};
 use crate::config::Config;
 use crate::http::{self, AppState};
+use crate::kafka;
 use crate::pipelines;
-use crate::{database, kafka};
 use tally_actors::antifraud::Antifraud;
 use tally_actors::consume::Pipeline;
+use tally_actors::store::migrate;
 
 /// Where the daemon's Kafka clients connect.
 #[derive(Clone)]
@@ -77,12 +79,47 @@ pub struct Daemon {
     state_dropped: std::sync::mpsc::Receiver<()>,
 }
 
+/// Replacement parts for what configuration does not express. The daemon runs with
+/// [`Parts::default`]; the bench swaps in its baselines here.
+#[derive(Clone, Default)]
+pub struct Parts {
+    /// Settles the ledger's transfers (default: batched settlement). A settler whose
+    /// batches hold one transfer also makes the ledger sequential per partition, with a
+    /// commit after each record, as a classic consumer is.
+    pub settler: Option<Arc<dyn Settler>>,
+    /// The outbox publisher publishes one batch per poll interval, as a classic scheduled
+    /// relay does, instead of claiming again while rows are pending.
+    pub outbox_one_batch_per_poll: bool,
+}
+
+impl std::fmt::Debug for Parts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parts")
+            .field("settler", &self.settler.as_ref().map(|_| "custom"))
+            .field("outbox_one_batch_per_poll", &self.outbox_one_batch_per_poll)
+            .finish()
+    }
+}
+
 /// Starts every part of the daemon. Must run inside an actix `System`; the database must
-/// already be prepared ([`database::prepare_blocking`]).
+/// already be prepared ([`migrate::prepare_blocking`]).
 ///
 /// # Errors
 /// When a client cannot be created or a listener cannot be bound.
 pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Vec<String>) -> anyhow::Result<Daemon> {
+    start_with(config, kafka, expected_migrations, Parts::default()).await
+}
+
+/// [`start`] with replacement [`Parts`].
+///
+/// # Errors
+/// As [`start`].
+pub async fn start_with(
+    config: Config,
+    kafka: KafkaEndpoint,
+    expected_migrations: Vec<String>,
+    parts: Parts,
+) -> anyhow::Result<Daemon> {
     let metrics = Metrics::new().context("cannot register metrics")?;
     let pool_settings = PoolSettings {
         url: config.database.url.expose().to_owned(),
@@ -101,13 +138,14 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
     let dlt_producer: FutureProducer = kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-dlt", 30_000)
         .create()
         .context("cannot create the dead-letter producer (check kafka.producer settings)")?;
-    let shared = pipelines::Shared {
+    let shared = pipelines::Wiring {
         config: &config,
         bootstrap: &kafka.bootstrap,
         pool: pool.clone(),
         pool_settings: pool_settings.clone(),
         metrics: metrics.clone(),
         dlt_producer: dlt_producer.clone(),
+        settler: parts.settler.clone(),
     };
     // Antifraud first: its `init_transactions` fences (and aborts) the open transaction a
     // crashed predecessor with the same instance id left behind, before this instance's
@@ -142,7 +180,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
             backoff_initial: Duration::from_millis(config.outbox.backoff_initial_ms),
             backoff_max: Duration::from_millis(config.outbox.backoff_max_ms),
             concurrency: config.outbox.concurrency,
-            claim_until_empty: config.outbox.claim_until_empty,
+            claim_until_empty: !parts.outbox_one_batch_per_poll,
         };
         if config.outbox.listen {
             listener =
@@ -212,12 +250,16 @@ impl Daemon {
             pipelines = self.pipelines.len(),
             "Shutdown: stopping fetching, draining in-flight records, committing offsets."
         );
-        if let Some(antifraud) = self.antifraud {
-            antifraud.stop().await;
-        }
-        for pipeline in self.pipelines {
-            pipeline.stop().await;
-        }
+        // Concurrently: each drain is bounded by its own timeout, so the slowest pipeline,
+        // not the sum of them, bounds this step. Order between stages does not matter:
+        // every stage is at-least-once with idempotent effects.
+        let antifraud = async {
+            if let Some(antifraud) = self.antifraud {
+                antifraud.stop().await;
+            }
+        };
+        let pipelines = futures_util::future::join_all(self.pipelines.into_iter().map(|p| p.stop()));
+        futures_util::future::join(antifraud, pipelines).await;
         if let Some(publisher) = self.publisher {
             info!("Shutdown: stopping the outbox publisher (finish the batch in hand, flush the producer).");
             let _ = publisher.send(StopPublishing).await;
@@ -302,8 +344,16 @@ impl Drop for DaemonHandle {
 /// # Errors
 /// When the database cannot be prepared or the daemon cannot start.
 pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Result<DaemonHandle> {
-    let expected = database::embedded_versions()?;
-    database::prepare_blocking(config.database.url.expose())?;
+    spawn_with(config, broker, Parts::default())
+}
+
+/// [`spawn`] with replacement [`Parts`].
+///
+/// # Errors
+/// As [`spawn`].
+pub fn spawn_with(config: Config, broker: Option<Arc<EmbeddedBroker>>, parts: Parts) -> anyhow::Result<DaemonHandle> {
+    let expected = migrate::embedded_versions()?;
+    migrate::prepare_blocking(config.database.url.expose())?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
@@ -313,7 +363,7 @@ pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Res
             let endpoint = system.block_on(async move {
                 let started = async {
                     let kafka = KafkaEndpoint::prepare(&config, broker).await?;
-                    start(config, kafka, expected).await
+                    start_with(config, kafka, expected, parts).await
                 }
                 .await;
                 match started {

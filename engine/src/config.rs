@@ -305,9 +305,6 @@ pub struct OutboxConfig {
     pub backoff_max_ms: u64,
     /// Publish loops per daemon (each on a disjoint half of the free key shards).
     pub concurrency: usize,
-    /// Claim again at once while rows are pending. `false` reproduces the seed's relay
-    /// (`@Scheduled(fixedDelay = poll_interval_ms)`: one batch per interval), for comparison.
-    pub claim_until_empty: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -418,16 +415,6 @@ pub struct RetryConfig {
     pub max_ms: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LedgerMode {
-    /// Group commit: many transfers per database transaction (the default).
-    Batched,
-    /// The seed's shape: one transaction per transfer, sequential per partition, commit
-    /// after each record. For comparison (`make bench`), not for production.
-    Seed,
-}
-
 /// The highest `ledger.max_balance_cents` allowed: nine such balances still sum inside an
 /// i64, and PostgreSQL sums balances as numeric anyway.
 const MAX_BALANCE_CEILING: i64 = 1_000_000_000_000_000_000;
@@ -436,7 +423,6 @@ const MAX_BALANCE_CEILING: i64 = 1_000_000_000_000_000_000;
 #[serde(deny_unknown_fields, default)]
 pub struct LedgerConfig {
     pub group_id: String,
-    pub mode: LedgerMode,
     /// Transfers settled per database transaction at most.
     pub batch_size: usize,
     /// Settlement transactions running at once.
@@ -539,7 +525,6 @@ impl Default for OutboxConfig {
             backoff_initial_ms: 200,
             backoff_max_ms: 10_000,
             concurrency: 2,
-            claim_until_empty: true,
         }
     }
 }
@@ -572,7 +557,6 @@ impl Default for LedgerConfig {
     fn default() -> Self {
         Self {
             group_id: "tally-ledger".into(),
-            mode: LedgerMode::Batched,
             batch_size: 200,
             max_concurrent_batches: 4,
             linger_ms: 2,
@@ -704,6 +688,13 @@ impl TopicsConfig {
 }
 
 impl KafkaConfig {
+    /// The builder of every Kafka client's settings, with this configuration's
+    /// pass-through properties.
+    #[must_use]
+    pub fn clients(&self, bootstrap: &str) -> tally_actors::kafka::KafkaClients {
+        tally_actors::kafka::KafkaClients::new(bootstrap, (*self.consumer).clone(), (*self.producer).clone())
+    }
+
     #[must_use]
     pub fn is_embedded(&self) -> bool {
         self.brokers == "embedded"

@@ -23,22 +23,10 @@ use tracing::{info, warn};
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, KafkaConfig};
 
-/// Producer settings for the outbox publisher: idempotent, acks=all, zstd, linger 5 ms,
-/// then the pass-through map.
+/// Producer settings (see [`tally_actors::kafka::KafkaClients::producer`]).
 #[must_use]
 pub fn producer_config(kafka: &KafkaConfig, bootstrap: &str, client_id: &str, send_timeout_ms: u64) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap)
-        .set("client.id", client_id)
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .set("compression.type", "zstd")
-        .set("linger.ms", "5")
-        .set("message.timeout.ms", send_timeout_ms.to_string());
-    for (k, v) in &kafka.producer {
-        c.set(k, v);
-    }
-    c
+    kafka.clients(bootstrap).producer(client_id, Duration::from_millis(send_timeout_ms))
 }
 
 /// One topic tally needs, as it would create it.
@@ -138,11 +126,7 @@ pub fn plan_topics(wanted: &[TopicSpec], existing: &BTreeMap<String, i32>) -> Re
 
 /// Partition counts of every topic on the cluster, from one metadata request.
 async fn partition_counts(kafka: &KafkaConfig, bootstrap: &str) -> anyhow::Result<BTreeMap<String, i32>> {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap).set("client.id", "tally-topics");
-    for (k, v) in &kafka.producer {
-        config.set(k, v);
-    }
+    let config = kafka.clients(bootstrap).admin("tally-topics");
     let timeout = Duration::from_millis(kafka.admin_timeout_ms);
     let bootstrap = bootstrap.to_owned();
     tokio::task::spawn_blocking(move || {
@@ -207,11 +191,7 @@ pub async fn prepare_topics(
 }
 
 async fn create_through_admin_api(kafka: &KafkaConfig, missing: &[TopicSpec], bootstrap: &str) -> anyhow::Result<()> {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap).set("client.id", "tally-topics");
-    for (k, v) in &kafka.producer {
-        config.set(k, v);
-    }
+    let config = kafka.clients(bootstrap).admin("tally-topics");
     let admin: AdminClient<DefaultClientContext> = config.create().context("cannot create the Kafka admin client")?;
     let new_topics: Vec<NewTopic<'_>> = missing
         .iter()

@@ -8,13 +8,11 @@ pub mod app;
 pub mod bench;
 pub mod broker;
 pub mod config;
-pub mod database;
 pub mod dlt;
 pub mod http;
 pub mod kafka;
 pub mod pipelines;
-pub mod store;
 pub mod telemetry;
 
-pub use app::{spawn, Daemon, DaemonHandle, KafkaEndpoint};
+pub use app::{spawn, spawn_with, Daemon, DaemonHandle, KafkaEndpoint, Parts};
 pub use config::Config;

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use tally_actors::store::migrate;
 use tally_engine::broker::{self, EmbeddedBroker};
-use tally_engine::{app, database, kafka, telemetry, Config, KafkaEndpoint};
+use tally_engine::{app, kafka, telemetry, Config, KafkaEndpoint};
 use tracing::{error, info};
 
 #[derive(Debug, Parser)]
@@ -63,7 +64,7 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum BenchScenario {
     /// Settle pre-produced TransferAnalyzed records with the ledger pipeline, then with the
-    /// seed-style baseline over the same records.
+    /// classic one-transaction-per-record baseline over the same records.
     Ledger {
         #[arg(long, default_value_t = 200_000)]
         transfers: usize,
@@ -71,11 +72,11 @@ enum BenchScenario {
         accounts: usize,
         #[arg(long, default_value_t = 12)]
         partitions: i32,
-        /// Skip the seed-style baseline run.
+        /// Skip the baseline run.
         #[arg(long)]
         no_baseline: bool,
     },
-    /// The outbox publisher against the seed's relay (poll 200 ms, batches of 100): drain
+    /// The outbox publisher against a classic scheduled relay (poll 200 ms, batches of 100): drain
     /// rate of pending rows, and commit-to-publish latency at a fixed intake rate.
     Outbox {
         #[arg(long, default_value_t = 100_000)]
@@ -163,10 +164,9 @@ fn run(config: Config) -> anyhow::Result<()> {
             "A test fault switch is on (TALLY_FAULT): a guarantee is broken on purpose."
         );
     }
-    let expected = database::embedded_versions()?;
-    database::prepare_blocking(config.database.url.expose()).with_context(|| {
-        format!("cannot prepare the database at {}", database::redact(config.database.url.expose()))
-    })?;
+    let expected = migrate::embedded_versions()?;
+    migrate::prepare_blocking(config.database.url.expose())
+        .with_context(|| format!("cannot prepare the database at {}", migrate::redact(config.database.url.expose())))?;
     let system = actix::System::new();
     let stopped = system.block_on(async move {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
@@ -182,7 +182,7 @@ fn run(config: Config) -> anyhow::Result<()> {
 }
 
 fn migrate(config: &Config) -> anyhow::Result<()> {
-    let applied = database::prepare_blocking(config.database.url.expose())?;
+    let applied = migrate::prepare_blocking(config.database.url.expose())?;
     if applied.is_empty() {
         println!("Database is up to date.");
     } else {

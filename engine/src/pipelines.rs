@@ -10,18 +10,18 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 use tally_actors::antifraud::{Antifraud, AntifraudSpec, RiskRules, RulesRiskEngine};
 use tally_actors::consume::{Pipeline, PipelineSpec};
-use tally_actors::db::{PgPool, PoolSettings};
-use tally_actors::ledger::{AccountLedger, LedgerTopics, SettlementBatcher, SettlementMode};
+use tally_actors::ledger::{BatchSettler, LedgerHandler, LedgerTopics, SettlementBatcher, Settler};
 use tally_actors::notify::{Notifier, NotifierSettings};
 use tally_actors::orders::OrderMaterializer;
 use tally_actors::projection::StatusProjector;
+use tally_actors::store::{PgPool, PoolSettings};
 use tally_actors::supervise::{DeadLetters, RetryPolicy, Supervision};
 use tally_actors::Metrics;
 
-use crate::config::{Config, LedgerMode, RetryConfig};
+use crate::config::{Config, RetryConfig};
 
 /// What every pipeline needs from the daemon.
-pub struct Shared<'a> {
+pub struct Wiring<'a> {
     pub config: &'a Config,
     pub bootstrap: &'a str,
     pub pool: PgPool,
@@ -30,6 +30,8 @@ pub struct Shared<'a> {
     pub metrics: Metrics,
     /// Producer for dead-letter writes (idempotent, acks=all).
     pub dlt_producer: FutureProducer,
+    /// The ledger's settler when not the batched one ([`crate::app::Parts::settler`]).
+    pub settler: Option<Arc<dyn Settler>>,
 }
 
 impl RetryConfig {
@@ -44,24 +46,15 @@ impl RetryConfig {
     }
 }
 
-impl Shared<'_> {
-    /// Consumer settings of pipeline `name`: with `instance.static_membership`, the static
-    /// member `<instance.id>-<name>`.
+impl Wiring<'_> {
+    /// Settings of pipeline `name`'s consumer: with `instance.static_membership`, the
+    /// static member `<instance.id>-<name>`.
     fn consumer_client(&self, name: &str) -> ClientConfig {
-        let mut client = self.client(name, &self.config.kafka.consumer);
+        let mut clients = self.config.kafka.clients(self.bootstrap);
         if self.config.instance.static_membership {
-            client.set("group.instance.id", format!("{}-{name}", self.config.instance.id));
+            clients = clients.with_static_membership(&self.config.instance.id);
         }
-        client
-    }
-
-    fn client(&self, name: &str, pass_through: &std::collections::BTreeMap<String, String>) -> ClientConfig {
-        let mut client = ClientConfig::new();
-        client.set("bootstrap.servers", self.bootstrap).set("client.id", format!("tally-{name}"));
-        for (k, v) in pass_through {
-            client.set(k, v);
-        }
-        client
+        clients.group_consumer(name)
     }
 
     /// The spec of a pipeline whose records retry under `retry`, each attempt taking at
@@ -133,7 +126,11 @@ impl Shared<'_> {
     pub fn start_ledger(&self) -> anyhow::Result<Pipeline> {
         let cfg = &self.config.ledger;
         let topics = &self.config.kafka.topics;
-        let seed = cfg.mode == LedgerMode::Seed;
+        let settler: Arc<dyn Settler> =
+            self.settler.clone().unwrap_or_else(|| Arc::new(BatchSettler { max_batch: cfg.batch_size }));
+        // One transfer per settlement: sequential per partition, a commit after each
+        // record, and as many settlements at once as the pool has connections.
+        let one_by_one = settler.max_batch() <= 1;
         let batcher = SettlementBatcher::new(
             self.pool.clone(),
             LedgerTopics {
@@ -142,9 +139,8 @@ impl Shared<'_> {
                 max_balance_cents: cfg.max_balance_cents,
             },
             self.metrics.clone(),
-            if seed { SettlementMode::Seed } else { SettlementMode::Batched },
-            cfg.batch_size,
-            if seed { self.config.database.pool_size } else { cfg.max_concurrent_batches },
+            settler,
+            if one_by_one { self.config.database.pool_size } else { cfg.max_concurrent_batches },
             Duration::from_millis(cfg.linger_ms),
         )
         .start();
@@ -155,7 +151,7 @@ impl Shared<'_> {
             &cfg.retry,
             self.statement_timeout(),
         );
-        if seed {
+        if one_by_one {
             spec.max_in_flight = 1;
             spec.commit_each = true;
         }
@@ -163,7 +159,7 @@ impl Shared<'_> {
         let supervision = self.supervision("ledger", &cfg.group_id, &cfg.retry, &stopping);
         Pipeline::start(
             spec,
-            Arc::new(AccountLedger::new(batcher)),
+            Arc::new(LedgerHandler::new(batcher)),
             supervision,
             stopping,
             self.metrics.clone(),
@@ -194,7 +190,7 @@ impl Shared<'_> {
     }
 }
 
-impl Shared<'_> {
+impl Wiring<'_> {
     /// The status projection: `transfers.settled` + `transfers.rejected` -> `transfers`.
     ///
     /// # Errors
@@ -241,7 +237,11 @@ impl Shared<'_> {
             analyzed: topics.transfers_analyzed.clone(),
             rejected: topics.transfers_rejected.clone(),
             consumer: self.consumer_client("antifraud"),
-            producer: self.client("antifraud", &self.config.kafka.producer),
+            producer: self.config.kafka.clients(self.bootstrap).transactional_producer(
+                "tally-antifraud",
+                &transactional_id,
+                Duration::from_millis(cfg.transaction_timeout_ms),
+            ),
             transactional_id,
             block_limit: cfg.block_score,
             max_batch: cfg.batch_max_records,
@@ -267,7 +267,7 @@ impl Shared<'_> {
     }
 }
 
-impl Shared<'_> {
+impl Wiring<'_> {
     /// Notifications: the main pipeline on `transfers.settled` + `transfers.rejected`, and
     /// one pipeline per retry delay on the `-retry-<delay_ms>` topics, holding each record
     /// until it is due. Nothing runs without `notifications.webhook_url`.

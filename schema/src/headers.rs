@@ -14,6 +14,14 @@ pub const DLT_ORIGINAL_OFFSET: &str = "dlt-original-offset";
 pub const DLT_ORIGINAL_TIMESTAMP: &str = "dlt-original-timestamp";
 pub const DLT_CONSUMER_GROUP: &str = "dlt-consumer-group";
 pub const DLT_EXCEPTION_KIND: &str = "dlt-exception-kind";
+
+/// The values of [`DLT_EXCEPTION_KIND`] (and of `dead_letters.exception_kind`).
+pub mod dlt_kind {
+    /// The record can never be processed (it does not decode, or breaks a contract).
+    pub const POISON: &str = "poison";
+    /// Every retry failed.
+    pub const EXHAUSTED: &str = "exhausted";
+}
 pub const DLT_EXCEPTION_MESSAGE: &str = "dlt-exception-message";
 pub const DLT_ATTEMPTS: &str = "dlt-attempts";
 

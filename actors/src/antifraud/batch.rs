@@ -26,6 +26,7 @@ use super::txn::{
 use super::{AntifraudSpec, LoopIo, RiskEngine, BLOCKED_BY_ANTIFRAUD, PIPELINE};
 use crate::consume::Record;
 use crate::metrics::Metrics;
+use crate::store;
 use crate::supervise::{store_dead_letter, DeadLetterRow, HandlerError};
 
 /// One input record and what the stage writes for it.
@@ -117,7 +118,7 @@ async fn decide_stored(
     let db = |e: diesel::result::Error| HandlerError::classified("antifraud decisions", &e);
     if io.consumer.context().assigned.load(Ordering::Relaxed) {
         if let Some(window) = risk.window() {
-            let recent = decisions::recent(&mut conn, window).await.map_err(db)?;
+            let recent = store::decisions::recent(&mut conn, window).await.map_err(db)?;
             risk.rebuild(
                 &recent.into_iter().map(|r| (r.source_account, r.transfer_id, r.requested_at)).collect::<Vec<_>>(),
             );
@@ -126,7 +127,7 @@ async fn decide_stored(
     }
     let mut seen = HashSet::new();
     let ids: Vec<Uuid> = requests.iter().map(|t| t.transfer_id).filter(|id| seen.insert(*id)).collect();
-    let mut stored = decisions::load(&mut conn, &ids).await.map_err(db)?;
+    let mut stored = store::decisions::load(&mut conn, &ids).await.map_err(db)?;
     let rescore = crate::faults::is_on(crate::faults::Fault::Rescore);
     if rescore {
         // Broken on purpose (test builds only): every delivery is scored again.
@@ -137,11 +138,11 @@ async fn decide_stored(
     let now = Utc::now().trunc_subsecs(6);
     let (mut all, new) =
         decisions::decide_batch(requests, &stored, risk, io.spec.block_limit, BLOCKED_BY_ANTIFRAUD, now);
-    let inserted = decisions::store(&mut conn, &new).await.map_err(db)?;
+    let inserted = store::decisions::store(&mut conn, &new).await.map_err(db)?;
     let lost: Vec<Uuid> = new.iter().map(|d| d.transfer_id).filter(|id| !inserted.contains(id)).collect();
     if !lost.is_empty() && !rescore {
         // Another instance decided these first: its decision stands.
-        all.extend(decisions::load(&mut conn, &lost).await.map_err(db)?);
+        all.extend(store::decisions::load(&mut conn, &lost).await.map_err(db)?);
     }
     Ok(all)
 }
@@ -346,8 +347,14 @@ const DEAD_LETTERS_TABLE: &str = "dead_letters";
 fn store_refused(io: &LoopIo<'_>, item: &Item, dlt_error: &str) -> bool {
     let Some(reason) = &item.output.dead_letter else { return false };
     let record = &item.record;
-    let row =
-        DeadLetterRow { record, group: &io.spec.group_id, kind: "poison", message: reason, attempts: 1, dlt_error };
+    let row = DeadLetterRow {
+        record,
+        group: &io.spec.group_id,
+        kind: tally_schema::headers::dlt_kind::POISON,
+        message: reason,
+        attempts: 1,
+        dlt_error,
+    };
     let result = io.runtime.block_on(async {
         let mut conn = io.pool.get().await.map_err(|e| e.to_string())?;
         store_dead_letter(&mut conn, &row).await.map_err(|e| e.to_string())

@@ -39,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::producer::Producer;
@@ -52,8 +52,8 @@ use crate::consume::{
     publish_lag, record_stats, Control, DriverThread, PartitionStatus, PipelineControl, PipelineStatus, Record,
     StatsView,
 };
-use crate::db::{build_pool, PgPool, PoolSettings};
 use crate::metrics::Metrics;
+use crate::store::{build_pool, PgPool, PoolSettings};
 use crate::supervise::RetryPolicy;
 use txn::{new_producer, TxnProducer};
 
@@ -71,9 +71,11 @@ pub struct AntifraudSpec {
     pub input: String,
     pub analyzed: String,
     pub rejected: String,
-    /// Consumer settings (bootstrap servers, pass-through properties).
+    /// Consumer settings ([`crate::kafka::KafkaClients::group_consumer`]); the stage sets
+    /// its group, `read_committed` and manual offsets on top.
     pub consumer: ClientConfig,
-    /// Producer settings (bootstrap servers, pass-through properties).
+    /// Transactional producer settings
+    /// ([`crate::kafka::KafkaClients::transactional_producer`]).
     pub producer: ClientConfig,
     /// Unique per running instance.
     pub transactional_id: String,
@@ -154,18 +156,7 @@ impl Antifraud {
     /// # Errors
     /// When the consumer or the transactional producer cannot be created or initialised.
     pub fn start(spec: AntifraudSpec, risk: Box<dyn RiskEngine>, metrics: Metrics) -> KafkaResult<Self> {
-        let mut consumer_config = ClientConfig::new();
-        consumer_config
-            .set("auto.offset.reset", "earliest")
-            .set("statistics.interval.ms", "5000")
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
-            .set("fetch.wait.max.ms", "25")
-            .set("fetch.queue.backoff.ms", "5")
-            .set_log_level(RDKafkaLogLevel::Warning);
-        for (k, v) in spec.consumer.config_map() {
-            consumer_config.set(k, v);
-        }
+        let mut consumer_config = spec.consumer.clone();
         consumer_config
             .set("group.id", &spec.group_id)
             .set("isolation.level", "read_committed")

@@ -53,7 +53,7 @@ pub(super) fn poison(record: &Record, spec: &AntifraudSpec, reason: String) -> O
         partition: Some(record.partition),
         key: record.key.clone(),
         payload: record.payload.clone(),
-        headers: dlt_headers(record, &spec.group_id, "poison", &reason, 1),
+        headers: dlt_headers(record, &spec.group_id, headers::dlt_kind::POISON, &reason, 1),
         outcome: "dead_lettered",
         dead_letter: Some(reason),
     }

@@ -154,7 +154,7 @@ mod tests {
         assert_eq!(e.score(&transfer("A", 100, 0)), 5);
         assert_eq!(e.score(&transfer("B", 1_000_000, 0)), 30);
         assert_eq!(e.score(&transfer("C", 5_000_000, 0)), 55);
-        assert_eq!(e.score(&transfer("D", 10_000_000, 0)), 85, "blocked at the seed's limit of 80");
+        assert_eq!(e.score(&transfer("D", 10_000_000, 0)), 85, "blocked at the default limit of 80");
     }
 
     #[test]

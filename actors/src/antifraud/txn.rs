@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -20,16 +19,7 @@ use crate::consume::Record;
 pub(super) type TxnProducer = ThreadedProducer<DefaultProducerContext>;
 
 pub(super) fn new_producer(spec: &AntifraudSpec) -> KafkaResult<TxnProducer> {
-    let mut config = ClientConfig::new();
-    config.set("acks", "all").set("linger.ms", "5").set("compression.type", "zstd");
-    for (k, v) in spec.producer.config_map() {
-        config.set(k, v);
-    }
-    config
-        .set("transactional.id", &spec.transactional_id)
-        .set("enable.idempotence", "true")
-        .set("transaction.timeout.ms", spec.transaction_timeout.as_millis().to_string());
-    let producer: TxnProducer = config.create()?;
+    let producer: TxnProducer = spec.producer.create()?;
     producer.init_transactions(spec.transaction_timeout)?;
     Ok(producer)
 }

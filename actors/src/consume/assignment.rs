@@ -48,7 +48,7 @@ pub(crate) type TopicPartition = (String, i32);
 
 /// State shared by the driver loop and the rebalance callbacks (both on the driver thread,
 /// never locked across a poll).
-pub(super) struct Shared {
+pub(super) struct DriverState {
     pub(super) spec: PipelineSpec,
     pub(super) slots: Mutex<HashMap<TopicPartition, Slot>>,
     pub(super) arbiter: ArbiterHandle,
@@ -64,7 +64,7 @@ pub(super) struct Shared {
     pub(super) degraded_pause: AtomicBool,
 }
 
-impl Shared {
+impl DriverState {
     pub(super) fn admin_paused(&self) -> bool {
         self.status.lock().unwrap_or_else(PoisonError::into_inner).paused
     }
@@ -154,7 +154,7 @@ impl Shared {
 
 /// The consumer context: rebalance callbacks and statistics (lag).
 pub(super) struct DriverContext {
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<DriverState>,
 }
 
 impl ClientContext for DriverContext {

@@ -13,12 +13,12 @@ use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::assignment::{DriverContext, Shared, Slot, TopicPartition};
+use super::assignment::{DriverContext, DriverState, Slot, TopicPartition};
 use super::{Control, PartitionStatus, Record};
 
 pub(super) fn drive(
     consumer: &BaseConsumer<DriverContext>,
-    shared: &Arc<Shared>,
+    shared: &Arc<DriverState>,
     control: &std::sync::mpsc::Receiver<Control>,
 ) {
     let name = shared.spec.name.clone();
@@ -100,7 +100,7 @@ pub(super) fn drive(
 
 /// Resumes every assigned partition not held by backpressure, the uncommitted window or a
 /// not-yet-due record (the stash flush resumes those).
-fn resume_unheld(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+fn resume_unheld(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
     if let Ok(tpl) = consumer.assignment() {
         let mut ready = TopicPartitionList::new();
         let slots = shared.slots();
@@ -120,7 +120,7 @@ fn resume_unheld(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
 /// Pauses the assignment when the pipeline became degraded (a record waits for an
 /// unavailable dependency) and resumes it when no record waits any more, unless the
 /// pipeline is paused through the admin API.
-fn follow_health(consumer: &BaseConsumer<DriverContext>, shared: &Shared, admin_paused: bool) {
+fn follow_health(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, admin_paused: bool) {
     let name = &shared.spec.name;
     let degraded = shared.health.is_degraded();
     if degraded == shared.degraded_pause.load(Ordering::Relaxed) {
@@ -151,7 +151,7 @@ fn tpl_of(topic: &str, partition: i32) -> TopicPartitionList {
     tpl
 }
 
-fn route(consumer: &BaseConsumer<DriverContext>, shared: &Shared, record: Arc<Record>) {
+fn route(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, record: Arc<Record>) {
     let mut slots = shared.slots();
     let tp = (record.topic.clone(), record.partition);
     let Some(slot) = slots.get_mut(&tp) else {
@@ -182,7 +182,7 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &Shared, record: Arc<Re
 /// due).
 /// librdkafka drops what it prefetched for it and, on resume, fetches again after the last
 /// record handed to tally.
-fn hold(consumer: &BaseConsumer<DriverContext>, shared: &Shared, slot: &mut Slot, tp: &TopicPartition) {
+fn hold(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, slot: &mut Slot, tp: &TopicPartition) {
     if !slot.paused {
         slot.paused = true;
         if let Err(e) = consumer.pause(&tpl_of(&tp.0, tp.1)) {
@@ -192,13 +192,13 @@ fn hold(consumer: &BaseConsumer<DriverContext>, shared: &Shared, slot: &mut Slot
 }
 
 /// Whether `record` may be handled now (always, unless the pipeline reads a due header).
-fn is_due(shared: &Shared, record: &Record) -> bool {
+fn is_due(shared: &DriverState, record: &Record) -> bool {
     let Some(header) = shared.spec.due_header.as_deref() else { return true };
     let Some(due) = record.header_str(header).and_then(|v| v.parse::<i64>().ok()) else { return true };
     due <= chrono::Utc::now().timestamp_millis()
 }
 
-fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
     let mut slots = shared.slots();
     for ((topic, partition), slot) in slots.iter_mut() {
         while let Some(record) = slot.stash.pop_front() {
@@ -236,7 +236,7 @@ fn taken(consumer: &BaseConsumer<DriverContext>, slot: &mut Slot, tp: &TopicPart
     }
 }
 
-fn store_watermarks(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+fn store_watermarks(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
     let mut stored_any = false;
     for ((topic, partition), slot) in shared.slots().iter_mut() {
         let watermark = slot.shared.watermark.load(Ordering::Acquire);
@@ -251,7 +251,7 @@ fn store_watermarks(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
         }
     }
     if stored_any && shared.spec.commit_each {
-        // One commit request per completed record (the seed's acknowledge-after-each).
+        // One commit request per completed record (a classic consumer's acknowledge-after-each).
         // Asynchronous, so that partitions stay parallel as with one consumer per
         // partition; a synchronous commit here would serialise every partition behind it.
         if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
@@ -262,7 +262,7 @@ fn store_watermarks(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
 
 /// Lag = the broker's high watermark - the next offset this pipeline will commit. Asked of
 /// the broker because librdkafka's own figure goes stale while a partition is paused.
-fn refresh_lag(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
+fn refresh_lag(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
     let positions: Vec<(TopicPartition, i64)> = {
         let stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner);
         shared
@@ -285,7 +285,7 @@ fn refresh_lag(consumer: &BaseConsumer<DriverContext>, shared: &Shared) {
     *shared.lags.lock().unwrap_or_else(PoisonError::into_inner) = lags;
 }
 
-fn publish_gauges(shared: &Shared) {
+fn publish_gauges(shared: &DriverState) {
     let name = &shared.spec.name;
     let mut oldest = 0_u64;
     for ((_, partition), slot) in shared.slots().iter() {

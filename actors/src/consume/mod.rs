@@ -40,14 +40,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use actix::prelude::*;
-use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::Statistics;
 use tracing::info;
 
 pub(crate) use assignment::StatsView;
-use assignment::{DriverContext, Shared};
+use assignment::{DriverContext, DriverState};
 use driver::drive;
 
 pub use lease::Lease;
@@ -66,7 +66,8 @@ pub struct PipelineSpec {
     pub name: String,
     pub group_id: String,
     pub topics: Vec<String>,
-    /// Base client settings (bootstrap servers and pass-through properties).
+    /// Consumer settings ([`crate::kafka::KafkaClients::group_consumer`]); the pipeline
+    /// sets its group and manual offset storage on top.
     pub client: ClientConfig,
     /// Records in flight per partition before the partition stops fetching.
     pub max_in_flight: usize,
@@ -79,7 +80,7 @@ pub struct PipelineSpec {
     pub idle_after: Duration,
     /// Longest wait for in-flight work when a partition is revoked or the pipeline stops.
     pub drain_timeout: Duration,
-    /// Commit after every completed record (the seed-style baseline).
+    /// Commit after every completed record (the bench's classic-consumer baseline).
     pub commit_each: bool,
     /// Header holding a record's due time (epoch milliseconds), for retry topics: a record
     /// not yet due is held and its partition paused until then, without holding up other
@@ -89,25 +90,7 @@ pub struct PipelineSpec {
 
 impl PipelineSpec {
     fn consumer_config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "1000")
-            .set("auto.offset.reset", "earliest")
-            .set("statistics.interval.ms", "5000")
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
-            // Prefetch per partition, bounded; librdkafka 2.x then waits
-            // fetch.queue.backoff.ms (default 1 s) before fetching that partition again,
-            // which starves a fast pipeline: keep the back-off short.
-            .set("queued.min.messages", "10000")
-            .set("fetch.queue.backoff.ms", "5")
-            // librdkafka waits up to 500 ms for an empty fetch by default; the mock broker
-            // does not answer early when data arrives, which adds that wait per hop.
-            .set("fetch.wait.max.ms", "25")
-            .set_log_level(RDKafkaLogLevel::Warning);
-        for (k, v) in self.client.config_map() {
-            c.set(k, v);
-        }
+        let mut c = self.client.clone();
         // Not overridable: correctness depends on them.
         c.set("group.id", &self.group_id).set("enable.auto.offset.store", "false");
         c
@@ -282,7 +265,7 @@ impl Pipeline {
             topics: spec.topics.clone(),
             ..PipelineStatus::default()
         }));
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(DriverState {
             spec: spec.clone(),
             slots: Mutex::new(HashMap::new()),
             arbiter,
@@ -329,7 +312,7 @@ impl Pipeline {
 
 /// Publishes the pipeline's degraded gauge from the start (0), so that it is there to
 /// alert on before the first degradation.
-fn publish_initial_health(shared: &Shared) {
+fn publish_initial_health(shared: &DriverState) {
     shared.metrics.pipeline_degraded.with_label_values(&[&shared.spec.name]).set(0);
 }
 

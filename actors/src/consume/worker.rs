@@ -1,4 +1,4 @@
-//! `KeyedWorker`: one actor per record key (e.g. one `AccountLedger` per source account).
+//! `KeyedWorker`: one actor per record key (the ledger: one worker per source account, each running the shared `LedgerHandler`).
 //! It handles its records strictly in arrival order, one at a time (`AtomicResponse`), so a
 //! key in blocking retry holds back only that key. Workers are created on demand,
 //! passivated when idle, and bounded in number by the [`WorkerRegistry`].

@@ -1,23 +1,25 @@
-//! `SettlementBatcher`: group commit. Account ledgers hand it their next transfer and await
+//! `SettlementBatcher`: group commit. Account workers hand it their next transfer and await
 //! the outcome; it gathers requests from many accounts and settles them in one database
-//! transaction ([`settle_batch`]). A batch starts at once when no transaction is running,
+//! transaction (a [`Settler`], by default [`settle_batch`]). A batch starts at once when no transaction is running,
 //! otherwise requests gather until a slot frees (or the batch is full), so batches grow with
 //! load. A failing batch is split in halves and retried, down to single transfers, so one
 //! bad transfer cannot sink the others; connection-level failures fail the whole batch at
 //! once (every transfer is retried by its own account's policy).
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
-use super::seed::settle_one_seed_style;
 use super::settle::{settle_batch, LedgerTopics, SettleOutcome, SettleRequest};
-use crate::db::PgPool;
 use crate::metrics::Metrics;
+use crate::store::PgPool;
 use crate::supervise::{Classify, ErrorClass};
 
 /// Why a transfer was not settled, classified by cause (see [`Classify`]): the record's
@@ -41,26 +43,121 @@ impl Classify for SettleError {
     }
 }
 
-/// How transfers are settled.
+/// How a batch of transfers is settled, in one call on one connection. The daemon uses
+/// [`BatchSettler`]; the bench plugs in its one-transaction-per-transfer baseline.
+pub trait Settler: Send + Sync + 'static {
+    /// Most transfers per call.
+    fn max_batch(&self) -> usize;
+
+    /// Settles `batch`; the outcomes are in batch order. On an error nothing is written.
+    fn settle<'a>(
+        &'a self,
+        conn: &'a mut AsyncPgConnection,
+        topics: &'a LedgerTopics,
+        batch: &'a [SettleRequest],
+    ) -> BoxFuture<'a, Result<Vec<SettleOutcome>, diesel::result::Error>>;
+}
+
+/// Group commit with set-based SQL: [`settle_batch`].
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSettler {
+    pub max_batch: usize,
+}
+
+impl Settler for BatchSettler {
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    fn settle<'a>(
+        &'a self,
+        conn: &'a mut AsyncPgConnection,
+        topics: &'a LedgerTopics,
+        batch: &'a [SettleRequest],
+    ) -> BoxFuture<'a, Result<Vec<SettleOutcome>, diesel::result::Error>> {
+        settle_batch(conn, topics, batch).boxed()
+    }
+}
+
+/// When to start a batch and how large (plain state, unit-tested): a request starts a
+/// batch at once when no transaction is running or a full batch is waiting; otherwise it
+/// waits at most `linger` for others to join. Batches start while a slot is free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlushPolicy {
+    max_batch: usize,
+    max_concurrent: usize,
+    running: usize,
+    pending: usize,
+    flush_scheduled: bool,
+}
+
+/// What to do after a request arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SettlementMode {
-    /// Group commit, set-based SQL.
-    Batched,
-    /// One transaction per transfer with the seed's statement sequence (the baseline).
-    Seed,
+pub enum OnRequest {
+    /// Start what the free slots allow now.
+    FlushNow,
+    /// Flush after the linger (no flush was scheduled yet).
+    FlushLater,
+    /// A flush is already scheduled or a running batch will flush when it ends.
+    Wait,
+}
+
+impl FlushPolicy {
+    #[must_use]
+    pub fn new(max_batch: usize, max_concurrent: usize) -> Self {
+        Self {
+            max_batch: max_batch.max(1),
+            max_concurrent: max_concurrent.max(1),
+            running: 0,
+            pending: 0,
+            flush_scheduled: false,
+        }
+    }
+
+    /// A request was queued.
+    pub fn on_request(&mut self) -> OnRequest {
+        self.pending += 1;
+        if self.running == 0 || self.pending >= self.max_batch {
+            OnRequest::FlushNow
+        } else if self.flush_scheduled {
+            OnRequest::Wait
+        } else {
+            self.flush_scheduled = true;
+            OnRequest::FlushLater
+        }
+    }
+
+    /// The scheduled flush is due.
+    pub fn on_linger(&mut self) {
+        self.flush_scheduled = false;
+    }
+
+    /// The size of the next batch to start, if a slot is free and requests wait; counts
+    /// the batch as running.
+    pub fn next_batch(&mut self) -> Option<usize> {
+        if self.running >= self.max_concurrent || self.pending == 0 {
+            return None;
+        }
+        let take = self.pending.min(self.max_batch);
+        self.pending -= take;
+        self.running += 1;
+        Some(take)
+    }
+
+    /// A batch finished.
+    pub fn on_batch_done(&mut self) {
+        self.running = self.running.saturating_sub(1);
+    }
 }
 
 pub struct SettlementBatcher {
     pool: PgPool,
     topics: LedgerTopics,
     metrics: Metrics,
-    mode: SettlementMode,
-    max_batch: usize,
-    max_concurrent: usize,
+    settler: Arc<dyn Settler>,
     linger: Duration,
-    pending: Vec<(SettleRequest, oneshot::Sender<Result<SettleOutcome, SettleError>>)>,
-    running: usize,
-    flush_scheduled: bool,
+    policy: FlushPolicy,
+    pending: VecDeque<(SettleRequest, oneshot::Sender<Result<SettleOutcome, SettleError>>)>,
 }
 
 impl SettlementBatcher {
@@ -69,41 +166,28 @@ impl SettlementBatcher {
         pool: PgPool,
         topics: LedgerTopics,
         metrics: Metrics,
-        mode: SettlementMode,
-        max_batch: usize,
+        settler: Arc<dyn Settler>,
         max_concurrent: usize,
         linger: Duration,
     ) -> Self {
-        Self {
-            pool,
-            topics,
-            metrics,
-            mode,
-            max_batch: max_batch.max(1),
-            max_concurrent: max_concurrent.max(1),
-            linger,
-            pending: Vec::new(),
-            running: 0,
-            flush_scheduled: false,
-        }
+        let policy = FlushPolicy::new(settler.max_batch(), max_concurrent);
+        Self { pool, topics, metrics, settler, linger, policy, pending: VecDeque::new() }
     }
 
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        while self.running < self.max_concurrent && !self.pending.is_empty() {
-            let take = self.pending.len().min(if self.mode == SettlementMode::Seed { 1 } else { self.max_batch });
+        while let Some(take) = self.policy.next_batch() {
             let batch: Vec<_> = self.pending.drain(..take).collect();
-            self.running += 1;
             let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
             self.metrics.settlement_batch_size.observe(requests.len() as f64);
-            let (pool, topics, mode) = (self.pool.clone(), self.topics.clone(), self.mode);
+            let (pool, topics, settler) = (self.pool.clone(), self.topics.clone(), Arc::clone(&self.settler));
             let work = async move {
-                let results = settle_with_split(pool, topics, mode, requests).await;
+                let results = settle_with_split(pool, topics, settler, requests).await;
                 for (reply, result) in replies.into_iter().zip(results) {
                     let _ = reply.send(result);
                 }
             };
             ctx.spawn(work.into_actor(self).map(|(), act, ctx| {
-                act.running -= 1;
+                act.policy.on_batch_done();
                 act.flush(ctx);
             }));
         }
@@ -130,15 +214,16 @@ impl Handler<Settle> for SettlementBatcher {
 
     fn handle(&mut self, msg: Settle, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        self.pending.push((msg.0, tx));
-        if self.running == 0 || self.pending.len() >= self.max_batch {
-            self.flush(ctx);
-        } else if !self.flush_scheduled {
-            self.flush_scheduled = true;
-            ctx.run_later(self.linger, |act, ctx| {
-                act.flush_scheduled = false;
-                act.flush(ctx);
-            });
+        self.pending.push_back((msg.0, tx));
+        match self.policy.on_request() {
+            OnRequest::FlushNow => self.flush(ctx),
+            OnRequest::FlushLater => {
+                ctx.run_later(self.linger, |act, ctx| {
+                    act.policy.on_linger();
+                    act.flush(ctx);
+                });
+            }
+            OnRequest::Wait => {}
         }
         Box::pin(async move {
             rx.await.unwrap_or_else(|_| {
@@ -156,7 +241,7 @@ impl Handler<Settle> for SettlementBatcher {
 fn settle_with_split(
     pool: PgPool,
     topics: LedgerTopics,
-    mode: SettlementMode,
+    settler: Arc<dyn Settler>,
     requests: Vec<SettleRequest>,
 ) -> BoxFuture<'static, Vec<Result<SettleOutcome, SettleError>>> {
     async move {
@@ -165,17 +250,7 @@ fn settle_with_split(
             Ok(c) => c,
             Err(e) => return fail_all(SettleError::of("no database connection", &e), requests.len()),
         };
-        let attempt = AssertUnwindSafe(async {
-            match mode {
-                SettlementMode::Batched => settle_batch(&mut conn, &topics, &requests).await,
-                SettlementMode::Seed => match requests.first() {
-                    Some(req) => settle_one_seed_style(&mut conn, &topics, req).await.map(|o| vec![o]),
-                    None => Ok(Vec::new()),
-                },
-            }
-        })
-        .catch_unwind()
-        .await;
+        let attempt = AssertUnwindSafe(settler.settle(&mut conn, &topics, &requests)).catch_unwind().await;
         let result = match attempt {
             Ok(result) => {
                 // Back to the pool before any split, which takes connections of its own.
@@ -195,11 +270,53 @@ fn settle_with_split(
             Err(_) => {
                 let mut left = requests;
                 let right = left.split_off(left.len() / 2);
-                let mut results = settle_with_split(pool.clone(), topics.clone(), mode, left).await;
-                results.extend(settle_with_split(pool, topics, mode, right).await);
+                let mut results = settle_with_split(pool.clone(), topics.clone(), Arc::clone(&settler), left).await;
+                results.extend(settle_with_split(pool, topics, settler, right).await);
                 results
             }
         }
     }
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_batcher_starts_at_once_and_a_busy_one_gathers() {
+        let mut p = FlushPolicy::new(3, 1);
+        assert_eq!(p.on_request(), OnRequest::FlushNow, "nothing running: no reason to wait");
+        assert_eq!(p.next_batch(), Some(1));
+        assert_eq!(p.next_batch(), None, "nothing left");
+        assert_eq!(p.on_request(), OnRequest::FlushLater, "one running: wait for others to join");
+        assert_eq!(p.on_request(), OnRequest::Wait, "a flush is already scheduled");
+        assert_eq!(p.next_batch(), None, "the only slot is taken");
+        assert_eq!(p.on_request(), OnRequest::FlushNow, "a full batch waits");
+        assert_eq!(p.next_batch(), None, "still no free slot");
+        p.on_batch_done();
+        assert_eq!(p.next_batch(), Some(3), "the slot freed: the three waiting go together");
+        p.on_linger();
+        assert_eq!(p.on_request(), OnRequest::FlushLater, "the linger fired, so a new one is scheduled");
+    }
+
+    #[test]
+    fn batches_start_while_slots_are_free_and_never_exceed_the_size() {
+        let mut p = FlushPolicy::new(2, 2);
+        for _ in 0..7 {
+            let _ = p.on_request();
+        }
+        assert_eq!((p.next_batch(), p.next_batch(), p.next_batch()), (Some(2), Some(2), None));
+        p.on_batch_done();
+        p.on_batch_done();
+        assert_eq!((p.next_batch(), p.next_batch(), p.next_batch()), (Some(2), Some(1), None));
+    }
+
+    #[test]
+    fn sizes_below_one_are_one() {
+        let mut p = FlushPolicy::new(0, 0);
+        let _ = p.on_request();
+        let _ = p.on_request();
+        assert_eq!((p.next_batch(), p.next_batch()), (Some(1), None));
+    }
 }

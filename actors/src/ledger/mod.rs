@@ -2,9 +2,10 @@
 //! group-committed settlement -> outbox (`transfers.settled` / `transfers.rejected`).
 
 mod batcher;
-pub mod check;
-mod seed;
+pub mod plan;
 mod settle;
+
+pub use crate::store::check;
 
 use std::sync::Arc;
 
@@ -15,20 +16,24 @@ use tally_schema::events::TransferAnalyzed;
 use tally_schema::values::is_valid_traceparent;
 use tally_schema::{headers, AccountId, Currency};
 
-pub use batcher::{Settle, SettleError, SettlementBatcher, SettlementMode};
-pub use seed::settle_one_seed_style;
-pub use settle::{reason, settle_batch, LedgerTopics, SettleOutcome, SettleRequest, REJECTED_KIND, SETTLED_KIND};
+pub use batcher::{BatchSettler, FlushPolicy, OnRequest, Settle, SettleError, SettlementBatcher, Settler};
+pub use settle::{
+    reason, settle_batch, write_outcomes_and_events, LedgerTopics, SettleOutcome, SettleRequest, REJECTED_KIND,
+    SETTLED_KIND,
+};
 
 use crate::consume::Record;
 use crate::supervise::{HandlerError, RecordHandler};
 
-/// The per-account ledger logic run by each account's keyed worker: decode the
-/// `TransferAnalyzed` (poison when it cannot be), then settle it through the batcher.
-pub struct AccountLedger {
+/// The ledger's record handler: one instance, shared by every account's
+/// [`crate::consume::KeyedWorker`] (the per-account actor, keyed by source account), which
+/// calls it one record at a time. It decodes the `TransferAnalyzed` (poison when it cannot
+/// be), then settles it through the batcher.
+pub struct LedgerHandler {
     batcher: Addr<SettlementBatcher>,
 }
 
-impl AccountLedger {
+impl LedgerHandler {
     #[must_use]
     pub fn new(batcher: Addr<SettlementBatcher>) -> Self {
         Self { batcher }
@@ -70,7 +75,7 @@ fn valid_traceparent(record: &Record) -> Option<String> {
     }
 }
 
-impl RecordHandler for AccountLedger {
+impl RecordHandler for LedgerHandler {
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
         let batcher = self.batcher.clone();
         async move {

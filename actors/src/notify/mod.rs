@@ -15,9 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use diesel::sql_types::{Integer, Text, Uuid as SqlUuid};
-use diesel::QueryableByName;
-use diesel_async::RunQueryDsl;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use hmac::{Hmac, Mac};
@@ -30,9 +27,10 @@ use tally_schema::{headers, topics};
 use tracing::{info, warn};
 use uuid::Uuid;
 
+use crate::backoff::Backoff;
 use crate::consume::Record;
-use crate::db::PgPool;
 use crate::metrics::Metrics;
+use crate::store::{notifications, PgPool};
 use crate::supervise::{DeadLetters, HandlerError, RecordHandler};
 
 /// Where and how to deliver.
@@ -57,12 +55,8 @@ impl NotifierSettings {
 /// `max_attempts - 1` retries (1 s, x2, max 30 s, 4 attempts: 1000, 2000, 4000).
 #[must_use]
 pub fn retry_delays(initial_ms: u64, multiplier: f64, max_ms: u64, max_attempts: u32) -> Vec<u64> {
-    (0..max_attempts.saturating_sub(1))
-        .map(|i| {
-            let d = initial_ms as f64 * multiplier.powi(i32::try_from(i).unwrap_or(i32::MAX));
-            (d.min(max_ms as f64)) as u64
-        })
-        .collect()
+    let curve = Backoff { initial: Duration::from_millis(initial_ms), multiplier, max: Duration::from_millis(max_ms) };
+    (0..max_attempts.saturating_sub(1)).map(|i| curve.nth(i).as_millis() as u64).collect()
 }
 
 /// `sha256=<hex>` of HMAC-SHA256(`secret`, `body`).
@@ -81,13 +75,6 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
 struct EventIds {
     event_id: Uuid,
     transfer_id: Uuid,
-}
-
-#[derive(QueryableByName)]
-struct Found {
-    #[diesel(sql_type = Integer)]
-    #[allow(dead_code)]
-    one: i32,
 }
 
 pub struct Notifier {
@@ -135,7 +122,17 @@ impl RecordHandler for Notifier {
             }
             let failure = match post(&http, &settings, &record, ids.event_id, body, attempt).await {
                 Ok(status) => {
-                    remember(&pool, ids.event_id, &origin.topic, ids.transfer_id, attempt, status).await?;
+                    remember(
+                        &pool,
+                        notifications::Delivery {
+                            event_id: ids.event_id,
+                            topic: &origin.topic,
+                            transfer_id: ids.transfer_id,
+                            attempt,
+                            response_status: status,
+                        },
+                    )
+                    .await?;
                     metrics.notification_deliveries_total.with_label_values(&["delivered"]).inc();
                     info!(event_id = %ids.event_id, attempt, "Notification delivered.");
                     return Ok("delivered");
@@ -146,7 +143,7 @@ impl RecordHandler for Notifier {
             if attempt >= settings.max_attempts() {
                 warn!(event_id = %ids.event_id, attempt, error = %failure, "Notification failed on its last attempt.");
                 dead_letters
-                    .publish(&record, "exhausted", &failure, attempt)
+                    .publish(&record, headers::dlt_kind::EXHAUSTED, &failure, attempt)
                     .await
                     .map_err(|e| HandlerError::transient(e.to_string()))?;
                 metrics.notification_deliveries_total.with_label_values(&["dead_lettered"]).inc();
@@ -165,36 +162,12 @@ impl RecordHandler for Notifier {
 
 async fn delivered(pool: &PgPool, event_id: Uuid) -> Result<bool, HandlerError> {
     let mut conn = pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
-    let found: Vec<Found> = diesel::sql_query("SELECT 1 AS one FROM notification_deliveries WHERE event_id = $1")
-        .bind::<SqlUuid, _>(event_id)
-        .load(&mut conn)
-        .await
-        .map_err(|e| HandlerError::classified("database error", &e))?;
-    Ok(!found.is_empty())
+    notifications::delivered(&mut conn, event_id).await.map_err(|e| HandlerError::classified("database error", &e))
 }
 
-async fn remember(
-    pool: &PgPool,
-    event_id: Uuid,
-    topic: &str,
-    transfer_id: Uuid,
-    attempt: u32,
-    status: u16,
-) -> Result<(), HandlerError> {
+async fn remember(pool: &PgPool, delivery: notifications::Delivery<'_>) -> Result<(), HandlerError> {
     let mut conn = pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
-    diesel::sql_query(
-        "INSERT INTO notification_deliveries (event_id, topic, transfer_id, attempts, response_status) \
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
-    )
-    .bind::<SqlUuid, _>(event_id)
-    .bind::<Text, _>(topic)
-    .bind::<SqlUuid, _>(transfer_id)
-    .bind::<Integer, _>(i32::try_from(attempt).unwrap_or(i32::MAX))
-    .bind::<Integer, _>(i32::from(status))
-    .execute(&mut conn)
-    .await
-    .map_err(|e| HandlerError::classified("database error", &e))?;
-    Ok(())
+    notifications::remember(&mut conn, delivery).await.map_err(|e| HandlerError::classified("database error", &e))
 }
 
 /// POSTs the event; `Ok(status)` for a 2xx answer, `Err(reason)` otherwise.
@@ -271,7 +244,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_retry_delays() {
+    fn default_retry_delays() {
         assert_eq!(retry_delays(1_000, 2.0, 30_000, 4), vec![1_000, 2_000, 4_000]);
         assert_eq!(retry_delays(1_000, 2.0, 3_000, 4), vec![1_000, 2_000, 3_000]);
         assert!(retry_delays(1_000, 2.0, 30_000, 1).is_empty());

@@ -11,8 +11,6 @@
 //! stable identity of the order aggregate; the business idempotency key of *reception*
 //! (`externalReference`) is enforced at intake, by `orders.external_reference`.
 
-mod materialize;
-
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -21,10 +19,10 @@ use tally_schema::events::OrderReceived;
 use tally_schema::values::parse_text;
 use tally_schema::Currency;
 
-pub use materialize::{materialize, Materialized};
+pub use crate::store::orders::{materialize, Materialized};
 
 use crate::consume::Record;
-use crate::db::PgPool;
+use crate::store::PgPool;
 use crate::supervise::{HandlerError, RecordHandler};
 
 /// Longest `externalReference` (`orders.external_reference VARCHAR(128)`).

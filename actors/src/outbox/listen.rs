@@ -10,6 +10,8 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::AsyncMessage;
 use tracing::{debug, warn};
 
+use crate::backoff::Backoff;
+
 /// The notification channel written by the `outbox_events_notify` trigger.
 pub const CHANNEL: &str = "tally_outbox";
 
@@ -17,17 +19,16 @@ pub const CHANNEL: &str = "tally_outbox";
 #[must_use]
 pub fn spawn_listener(url: String, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(200);
+        let mut waits = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(10)).waits();
         while !*stop.borrow() {
             match listen_once(&url, &wake, &mut stop).await {
                 Ok(()) => return,
                 Err(e) => {
                     warn!(error = %e, "Outbox LISTEN connection lost; polling until it is back.");
                     tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
+                        () = tokio::time::sleep(waits.next_wait()) => {}
                         _ = stop.changed() => return,
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
                 }
             }
         }

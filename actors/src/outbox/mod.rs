@@ -13,8 +13,11 @@ use actix::prelude::*;
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
+use crate::backoff::Backoff;
+
+pub use crate::store::outbox::{PendingStats, SHARDS};
 pub use listen::spawn_listener;
-pub use relay::{pending_by_topic, refresh_gauges, OutboxError, OutboxRelay, PendingStats, SHARDS};
+pub use relay::{pending_by_topic, refresh_gauges, OutboxError, OutboxRelay};
 
 /// How the publisher loop paces itself.
 #[derive(Debug, Clone)]
@@ -24,8 +27,8 @@ pub struct PublisherSettings {
     pub cleanup_interval: Duration,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
-    /// Claim again at once while rows are pending (tally). `false` is the seed's
-    /// `@Scheduled(fixedDelay)` relay: one batch, then the poll interval, always.
+    /// Claim again at once while rows are pending (tally). `false` is the classic
+    /// scheduled relay (the bench's baseline): one batch, then the poll interval, always.
     pub claim_until_empty: bool,
     /// Publish loops running at once. Each claims a random half of the free shards, and the
     /// shard locks keep their rows apart, so per-key order holds across them.
@@ -125,13 +128,13 @@ async fn publish_loop(
     mut stop: watch::Receiver<bool>,
     cleans: bool,
 ) {
-    let mut backoff = settings.backoff_initial;
+    let mut waits = Backoff::doubling(settings.backoff_initial, settings.backoff_max).waits();
     let mut last_cleanup = Instant::now();
     let mut empty_claims = 0_u32;
     while !*stop.borrow() {
         let pause = match relay.publish_batch().await {
             Ok(n) => {
-                backoff = settings.backoff_initial;
+                waits.reset();
                 empty_claims = if n > 0 { 0 } else { empty_claims + 1 };
                 // A claim covers half of the shards: claim again before sleeping, so rows
                 // in the other half do not wait for the next wake-up.
@@ -142,10 +145,9 @@ async fn publish_loop(
                 }
             }
             Err(e) => {
-                warn!(error = %e, code = e.code(), backoff_ms = backoff.as_millis() as u64,
+                let wait = waits.next_wait();
+                warn!(error = %e, code = e.code(), backoff_ms = wait.as_millis() as u64,
                       "Outbox batch failed; nothing was marked published, retrying after backoff.");
-                let wait = backoff;
-                backoff = (backoff * 2).min(settings.backoff_max);
                 Some(wait)
             }
         };

@@ -1,34 +1,24 @@
 //! The outbox relay logic, without the actor: claim pending rows, produce
 //! them, mark them published only after the broker acknowledged every record.
 //!
-//! Per-key order with several publishers: the key space is split into 64 shards (a stored
-//! column computed from the key). A publisher claims rows only from shards whose
-//! transaction-scoped advisory lock it holds, so one key is published by one publisher at a
-//! time, in `seq` order. Late commits are never skipped: there is no cursor, every claim
-//! reads all rows still unpublished.
+//! Per-key order with several publishers: see [`crate::store::outbox`], which holds the
+//! statements.
 
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Double, Integer, Text};
 use diesel_async::scoped_futures::ScopedFutureExt;
-use diesel_async::{AsyncConnection, RunQueryDsl};
+use diesel_async::AsyncConnection;
 use futures_util::future::join_all;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tally_schema::headers;
 use tally_schema::models::PendingOutboxEvent;
-use tally_schema::schema::outbox_events;
 
-use crate::db::PgPool;
 use crate::metrics::Metrics;
-
-/// First key of the shard advisory locks ("tall"); the second key is the shard number.
-const SHARD_LOCK_SPACE: i32 = 0x7461_6c6c;
-/// Number of shards, as in the `outbox_events.shard` column definition.
-pub const SHARDS: i32 = 64;
+use crate::store::outbox::{self, PendingStats};
+use crate::store::PgPool;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -57,24 +47,6 @@ impl OutboxError {
             Self::Canceled(_) => "canceled",
         }
     }
-}
-
-#[derive(QueryableByName)]
-struct ShardRow {
-    #[diesel(sql_type = Integer)]
-    shard: i32,
-}
-
-/// Pending rows and the age of the oldest, for one topic.
-#[derive(Debug, Clone, PartialEq, QueryableByName, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PendingStats {
-    #[diesel(sql_type = Text)]
-    pub topic: String,
-    #[diesel(sql_type = BigInt)]
-    pub pending: i64,
-    #[diesel(sql_type = Double)]
-    pub oldest_age_seconds: f64,
 }
 
 /// Claims, publishes and marks outbox rows.
@@ -114,36 +86,11 @@ impl OutboxRelay {
         let result = conn
             .transaction::<usize, OutboxError, _>(|conn| {
                 async move {
-                    // Free shards in random order, at most half of them per claim: a lone
-                    // publisher covers every shard over consecutive batches, and several
-                    // publishers share the key space instead of one taking all of it. The
-                    // Limit node stops pulling rows, so no further locks are taken.
-                    let shards: Vec<i32> = diesel::sql_query(
-                        "SELECT shard FROM (SELECT shard FROM generate_series(0, $1 - 1) AS shard \
-                                            ORDER BY random()) AS s \
-                         WHERE pg_try_advisory_xact_lock($2, shard) LIMIT $3",
-                    )
-                    .bind::<Integer, _>(SHARDS)
-                    .bind::<Integer, _>(SHARD_LOCK_SPACE)
-                    .bind::<Integer, _>(SHARDS / 2)
-                    .load::<ShardRow>(conn)
-                    .await?
-                    .into_iter()
-                    .map(|r| r.shard)
-                    .collect();
+                    let shards = outbox::lock_free_shards(conn).await?;
                     if shards.is_empty() {
                         return Ok(0);
                     }
-                    let mut rows: Vec<PendingOutboxEvent> = diesel::sql_query(
-                        "SELECT id, seq, topic, key, event_type, payload, traceparent, created_at \
-                         FROM outbox_events \
-                         WHERE published_at IS NULL AND shard = ANY($1) \
-                         ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED",
-                    )
-                    .bind::<Array<Integer>, _>(&shards)
-                    .bind::<BigInt, _>(self.batch_size)
-                    .load(conn)
-                    .await?;
+                    let mut rows = outbox::claim_pending(conn, &shards, self.batch_size).await?;
                     if rows.is_empty() {
                         return Ok(0);
                     }
@@ -153,10 +100,7 @@ impl OutboxRelay {
                     }
                     self.produce_all(&rows).await?;
                     let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
-                    diesel::update(outbox_events::table.filter(outbox_events::id.eq_any(&ids)))
-                        .set(outbox_events::published_at.eq(diesel::dsl::now))
-                        .execute(conn)
-                        .await?;
+                    outbox::mark_published(conn, &ids).await?;
                     Ok(rows.len())
                 }
                 .scope_boxed()
@@ -212,25 +156,8 @@ impl OutboxRelay {
     /// # Errors
     /// When the database fails.
     pub async fn delete_published(&self, retention: Duration) -> Result<u64, OutboxError> {
-        const CHUNK: i64 = 10_000;
         let mut conn = self.pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
-        let mut total = 0_u64;
-        loop {
-            let n = diesel::sql_query(
-                "DELETE FROM outbox_events WHERE id IN ( \
-                   SELECT id FROM outbox_events \
-                   WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
-                   LIMIT $2)",
-            )
-            .bind::<Double, _>(retention.as_secs_f64())
-            .bind::<BigInt, _>(CHUNK)
-            .execute(&mut conn)
-            .await?;
-            total += n as u64;
-            if (n as i64) < CHUNK {
-                break;
-            }
-        }
+        let total = outbox::delete_published(&mut conn, retention).await?;
         self.metrics.outbox_deleted_total.inc_by(total);
         Ok(total)
     }
@@ -242,13 +169,7 @@ impl OutboxRelay {
 /// When the database fails.
 pub async fn pending_by_topic(pool: &PgPool) -> Result<Vec<PendingStats>, OutboxError> {
     let mut conn = pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
-    Ok(diesel::sql_query(
-        "SELECT topic::text AS topic, count(*)::bigint AS pending, \
-                COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds \
-         FROM outbox_events WHERE published_at IS NULL GROUP BY topic ORDER BY topic",
-    )
-    .load(&mut conn)
-    .await?)
+    Ok(outbox::pending_by_topic(&mut conn).await?)
 }
 
 /// Refreshes the outbox gauges from the database.

@@ -4,15 +4,14 @@
 
 use std::sync::Arc;
 
-use diesel::sql_types::{Nullable, Text, Uuid as SqlUuid};
-use diesel_async::RunQueryDsl;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tally_schema::events::{TransferRejected, TransferSettled};
+use tally_schema::models::status;
 use uuid::Uuid;
 
 use crate::consume::Record;
-use crate::db::PgPool;
+use crate::store::{transfers, PgPool};
 use crate::supervise::{HandlerError, RecordHandler};
 
 /// The final state an event asks for.
@@ -32,14 +31,14 @@ pub fn decode(record: &Record, settled_topic: &str) -> Result<StatusChange, Hand
     if record.topic == settled_topic {
         let e: TransferSettled = serde_json::from_slice(payload)
             .map_err(|e| HandlerError::poison(format!("undecodable TransferSettled: {e}")))?;
-        Ok(StatusChange { transfer_id: e.transfer_id, status: "SETTLED", reason: None })
+        Ok(StatusChange { transfer_id: e.transfer_id, status: status::SETTLED, reason: None })
     } else {
         let e: TransferRejected = serde_json::from_slice(payload)
             .map_err(|e| HandlerError::poison(format!("undecodable TransferRejected: {e}")))?;
         if e.reason.trim().is_empty() {
             return Err(HandlerError::poison("invalid TransferRejected: empty reason"));
         }
-        Ok(StatusChange { transfer_id: e.transfer_id, status: "REJECTED", reason: Some(e.reason) })
+        Ok(StatusChange { transfer_id: e.transfer_id, status: status::REJECTED, reason: Some(e.reason) })
     }
 }
 
@@ -49,17 +48,9 @@ pub fn decode(record: &Record, settled_topic: &str) -> Result<StatusChange, Hand
 /// Any database error.
 pub async fn apply(pool: &PgPool, change: &StatusChange) -> Result<bool, HandlerError> {
     let mut conn = pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
-    let moved = diesel::sql_query(
-        "UPDATE transfers SET status = $2, rejection_reason = $3, updated_at = now() \
-         WHERE id = $1 AND status = 'PENDING'",
-    )
-    .bind::<SqlUuid, _>(change.transfer_id)
-    .bind::<Text, _>(change.status)
-    .bind::<Nullable<Text>, _>(change.reason.as_deref())
-    .execute(&mut conn)
-    .await
-    .map_err(|e| HandlerError::classified("database error", &e))?;
-    Ok(moved == 1)
+    transfers::finish(&mut conn, change.transfer_id, change.status, change.reason.as_deref())
+        .await
+        .map_err(|e| HandlerError::classified("database error", &e))
 }
 
 /// The projection handler.

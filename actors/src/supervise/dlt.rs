@@ -16,10 +16,11 @@ use rdkafka::util::Timeout;
 use tally_schema::{headers, topics};
 use tracing::{error, warn};
 
-use super::fallback::{store_dead_letter, DeadLetterRow};
+use crate::backoff::Backoff;
 use crate::consume::{Lease, Record};
-use crate::db::PgPool;
 use crate::metrics::Metrics;
+use crate::store::dead_letters::{store_dead_letter, DeadLetterRow};
+use crate::store::PgPool;
 
 /// Why a record was not dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -70,8 +71,9 @@ pub fn is_permanent_dlt_error(error: &KafkaError) -> bool {
     )
 }
 
-/// The longest wait between two tries of a DLT or `dead_letters` write.
-const WRITE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The waits between two tries of a DLT or `dead_letters` write: 200 ms, doubling, at
+/// most 30 s.
+const WRITE_BACKOFF: Backoff = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(30));
 
 impl DeadLetters {
     #[must_use]
@@ -110,7 +112,7 @@ impl DeadLetters {
         // A record read from a retry topic goes to its original topic's DLT.
         let origin = record.origin();
         let dlt = topics::dlt(&origin.topic);
-        let mut wait = Duration::from_millis(200);
+        let mut waits = WRITE_BACKOFF.waits();
         loop {
             if !self.may_write() {
                 return Err(Stopping);
@@ -132,8 +134,7 @@ impl DeadLetters {
                 }
                 Err(e) => {
                     warn!(topic = %dlt, error = %e, "DLT write failed; retrying.");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(WRITE_BACKOFF_MAX);
+                    tokio::time::sleep(waits.next_wait()).await;
                 }
             }
         }
@@ -143,7 +144,7 @@ impl DeadLetters {
     /// fails (never dropped), until stopped.
     async fn store(&self, dlt: &str, row: &DeadLetterRow<'_>) -> Result<(), Stopping> {
         let origin = row.record.origin();
-        let mut wait = Duration::from_millis(200);
+        let mut waits = WRITE_BACKOFF.waits();
         loop {
             if !self.may_write() {
                 return Err(Stopping);
@@ -165,8 +166,7 @@ impl DeadLetters {
                 }
                 Err(e) => {
                     warn!(topic = %dlt, offset = origin.offset, error = %e, "Cannot store the dead letter; retrying.");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(WRITE_BACKOFF_MAX);
+                    tokio::time::sleep(waits.next_wait()).await;
                 }
             }
         }

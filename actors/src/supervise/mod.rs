@@ -7,7 +7,6 @@
 //! nothing more happens for it here.
 
 mod dlt;
-mod fallback;
 mod health;
 mod policy;
 
@@ -20,8 +19,8 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tracing::warn;
 
+pub use crate::store::dead_letters::{headers_json, store_dead_letter, DeadLetterRow};
 pub use dlt::{dlt_headers, is_permanent_dlt_error, DeadLetters, Stopping};
-pub use fallback::{headers_json, store_dead_letter, DeadLetterRow};
 pub use health::{Degradation, DependencyHealth, DependencyWait};
 pub use policy::{classify_server_message, Classify, ErrorClass, HandlerError, RetryPolicy, PROBE_MAX};
 
@@ -154,7 +153,7 @@ pub(crate) mod tests {
     use futures_util::future::BoxFuture;
 
     use super::*;
-    use crate::db::{build_pool, PoolSettings};
+    use crate::store::{build_pool, PoolSettings};
 
     /// Answers each call with the next of `script` (then `Ok`), counting calls.
     struct Scripted {

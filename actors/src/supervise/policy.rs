@@ -6,6 +6,10 @@
 
 use std::time::Duration;
 
+use tally_schema::headers::dlt_kind;
+
+use crate::backoff::Backoff;
+
 /// How an error is handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -25,8 +29,8 @@ impl ErrorClass {
     #[must_use]
     pub fn dlt_kind(self) -> &'static str {
         match self {
-            Self::Transient | Self::Unavailable => "exhausted",
-            Self::Poison => "poison",
+            Self::Transient | Self::Unavailable => dlt_kind::EXHAUSTED,
+            Self::Poison => dlt_kind::POISON,
         }
     }
 }
@@ -181,7 +185,7 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// Seed 001 §6: 5 retries, 500 ms, x2, at most 15 s.
+    /// The default: 5 retries, 500 ms, x2, at most 15 s.
     fn default() -> Self {
         Self { max_retries: 5, initial: Duration::from_millis(500), multiplier: 2.0, max: Duration::from_secs(15) }
     }
@@ -194,9 +198,13 @@ impl RetryPolicy {
         if retry == 0 || retry > self.max_retries {
             return None;
         }
-        let factor = self.multiplier.powi(i32::try_from(retry - 1).unwrap_or(i32::MAX));
-        let wait = self.initial.as_secs_f64() * factor;
-        Some(Duration::from_secs_f64(wait.min(self.max.as_secs_f64())))
+        Some(self.curve().nth(retry - 1))
+    }
+
+    /// The curve of the retry waits.
+    #[must_use]
+    pub fn curve(&self) -> Backoff {
+        Backoff { initial: self.initial, multiplier: self.multiplier, max: self.max }
     }
 
     /// The longest a record can spend under this policy: every attempt taking
@@ -213,8 +221,7 @@ impl RetryPolicy {
     /// [`PROBE_MAX`] (or `max` when lower). Probes never count against `max_retries`.
     #[must_use]
     pub fn probe_backoff(&self, previous: Option<Duration>) -> Duration {
-        let cap = self.max.min(PROBE_MAX);
-        previous.map_or(self.initial, |p| p * 2).min(cap)
+        Backoff::doubling(self.initial, self.max.min(PROBE_MAX)).after(previous)
     }
 }
 
@@ -227,7 +234,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_backoff_sequence() {
+    fn default_backoff_sequence() {
         let p = RetryPolicy::default();
         let waits: Vec<u64> = (1..=5).map(|n| p.backoff(n).map_or(0, |d| d.as_millis() as u64)).collect();
         assert_eq!(waits, vec![500, 1000, 2000, 4000, 8000]);

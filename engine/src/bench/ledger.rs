@@ -1,6 +1,6 @@
 //! `tally bench ledger`: settles N pre-produced `TransferAnalyzed` records over 10,000
 //! accounts (about 1% duplicates, 2% insufficient funds) with the ledger pipeline, then
-//! runs the seed-style baseline (`ledger.mode = "seed"`: sequential per partition, one
+//! runs the baseline ([`super::baseline::OneByOne`]: sequential per partition, one
 //! transaction per record, commit after each) over the same records, and prints both.
 
 use std::sync::Arc;
@@ -15,8 +15,10 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::{fresh_database, histogram_quantile, http_get, metric_sum, peak_rss_mib, write_report, Progress};
+use crate::app::Parts;
+use crate::bench::baseline::OneByOne;
 use crate::broker::EmbeddedBroker;
-use crate::config::{Config, LedgerMode, LogFormat, SecretUrl};
+use crate::config::{Config, LogFormat, SecretUrl};
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -100,8 +102,8 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     let (duplicates, insufficient) = runtime.block_on(produce(broker.bootstrap_servers(), &topic, args))?;
     eprintln!("  produced: {duplicates} duplicates, {insufficient} over the balance");
 
-    let tally = run_once(base, args, &broker, LedgerMode::Batched, &runtime)?;
-    let baseline = if args.baseline { Some(run_once(base, args, &broker, LedgerMode::Seed, &runtime)?) } else { None };
+    let tally = run_once(base, args, &broker, false, &runtime)?;
+    let baseline = if args.baseline { Some(run_once(base, args, &broker, true, &runtime)?) } else { None };
     let speedup = baseline.as_ref().map(|b| tally.records_per_second / b.records_per_second.max(f64::MIN_POSITIVE));
     let report = Report {
         scenario: "ledger",
@@ -172,13 +174,10 @@ fn run_once(
     base: &Config,
     args: &Args,
     broker: &Arc<EmbeddedBroker>,
-    mode: LedgerMode,
+    baseline: bool,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<RunReport> {
-    let label = match mode {
-        LedgerMode::Batched => "tally",
-        LedgerMode::Seed => "seed-baseline",
-    };
+    let label = if baseline { "baseline" } else { "tally" };
     let url =
         runtime.block_on(fresh_database(base, &format!("tally_bench_{}", label.replace('-', "_")), args.accounts))?;
 
@@ -192,12 +191,12 @@ fn run_once(
     config.http.intake_addr = ([127, 0, 0, 1], 0).into();
     config.http.admin_addr = ([127, 0, 0, 1], 0).into();
     config.pipelines.outbox = false;
-    config.ledger.mode = mode;
     config.ledger.group_id = format!("bench-{label}");
     config.log.format = LogFormat::Pretty;
     eprintln!("ledger bench: running {label} over {} records", args.transfers);
     let started = Instant::now();
-    let daemon = crate::spawn(config, Some(Arc::clone(broker)))?;
+    let parts = Parts { settler: baseline.then(|| Arc::new(OneByOne) as _), ..Parts::default() };
+    let daemon = crate::spawn_with(config, Some(Arc::clone(broker)), parts)?;
     let metrics_url = format!("http://{}/metrics", daemon.admin_addr);
     let mut first: Option<Instant> = None;
     let mut progress = Progress::new(Duration::from_secs(2));
@@ -269,6 +268,6 @@ fn print_table(r: &Report) {
         );
     }
     if let Some(s) = r.speedup {
-        println!("tally / seed-style baseline: {s:.1}x");
+        println!("tally / baseline: {s:.1}x");
     }
 }

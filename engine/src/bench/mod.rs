@@ -2,6 +2,7 @@
 //! an embedded broker. Progress goes to stderr, a table to stdout, JSON to `target/bench/`.
 //! Figures are measured and reported, never asserted.
 
+pub mod baseline;
 pub mod e2e;
 pub mod ledger;
 pub mod outbox;
@@ -163,7 +164,7 @@ pub async fn fresh_database(base: &crate::Config, name: &str, accounts: usize) -
     );
     reset_database(base.database.url.expose(), name).await?;
     let migrate_url = url.clone();
-    tokio::task::spawn_blocking(move || crate::database::prepare_blocking(&migrate_url)).await??;
+    tokio::task::spawn_blocking(move || tally_actors::store::migrate::prepare_blocking(&migrate_url)).await??;
     create_accounts(&url, accounts).await?;
     Ok(url)
 }

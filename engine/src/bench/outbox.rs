@@ -1,6 +1,6 @@
-//! `tally bench outbox`: the transactional outbox publisher against the seed's relay shape
+//! `tally bench outbox`: the transactional outbox publisher against the classic relay shape
 //! (`@Scheduled(fixedDelay = 200)`, batches of 100, no LISTEN: at most 500 rows/s), from the
-//! same binary by configuration.
+//! same binary ([`crate::app::Parts::outbox_one_batch_per_poll`]).
 //!
 //! 1. Drain: N rows pending before the publisher starts; rate = rows / (last
 //!    `published_at` - first `published_at`).
@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{account, connect as db, fresh_database, quantile, wait_for_zero, write_report};
+use crate::app::Parts;
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, SecretUrl};
 
@@ -59,7 +60,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let modes =
-        [("tally", base.outbox.batch_size, base.outbox.poll_interval_ms, true), ("seed-relay", 100, 200, false)];
+        [("tally", base.outbox.batch_size, base.outbox.poll_interval_ms, true), ("classic-relay", 100, 200, false)];
     let mut reports = Vec::new();
     for (label, batch, poll, listen) in modes {
         reports.push(run_mode(base, args, &runtime, label, batch, poll, listen)?);
@@ -90,7 +91,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     }
     if let [t, s] = report.modes.as_slice() {
         println!(
-            "drain: tally / seed relay = {:.1}x",
+            "drain: tally / classic relay = {:.1}x",
             t.drain_rows_per_second / s.drain_rows_per_second.max(f64::MIN_POSITIVE)
         );
     }
@@ -144,11 +145,11 @@ fn run_mode(
     config.outbox.batch_size = batch;
     config.outbox.poll_interval_ms = poll;
     config.outbox.listen = listen;
-    // The seed's relay is one loop publishing one batch per fixed delay.
+    // The classic relay is one loop publishing one batch per fixed delay.
     config.outbox.concurrency = if listen { base.outbox.concurrency } else { 1 };
-    config.outbox.claim_until_empty = listen;
     eprintln!("outbox bench ({label}): draining {} rows", args.rows);
-    let daemon = crate::spawn(config, Some(Arc::new(EmbeddedBroker::start(1)?)))?;
+    let parts = Parts { outbox_one_batch_per_poll: !listen, ..Parts::default() };
+    let daemon = crate::spawn_with(config, Some(Arc::new(EmbeddedBroker::start(1)?)), parts)?;
     let drain_rate = runtime.block_on(async {
         let client = db(&url).await?;
         wait_drained(&client, label).await?;

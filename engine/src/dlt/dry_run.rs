@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -61,13 +61,8 @@ fn committed_offset(
     partition: i32,
     deadline: Deadline,
 ) -> Result<Option<i64>, DltError> {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap).set("client.id", "tally-dlt-dry-run").set("log_level", "3");
-    for (k, v) in &kafka.consumer {
-        c.set(k, v);
-    }
     // Never subscribes: reading the group's committed offsets does not join the group.
-    c.set("group.id", group).set("enable.auto.commit", "false");
+    let c = kafka.clients(bootstrap).reader("tally-dlt-dry-run", Some(group));
     let consumer: BaseConsumer = c.create().map_err(DltError::Client)?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);

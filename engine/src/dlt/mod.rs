@@ -27,7 +27,7 @@ use base64::Engine as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use serde_json::{json, Value};
 use tally_schema::{headers, topics};
@@ -110,18 +110,7 @@ pub fn source_of(kafka: &KafkaConfig, dlt: &str) -> Option<String> {
 /// # Errors
 /// [`DltError::Client`] when librdkafka rejects the configuration.
 pub fn reader(kafka: &KafkaConfig, bootstrap: &str) -> Result<BaseConsumer, DltError> {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap).set("client.id", "tally-dlt-admin").set("log_level", "3");
-    for (k, v) in &kafka.consumer {
-        c.set(k, v);
-    }
-    // After the pass-through map: this reader must never commit or join a group.
-    c.set("group.id", "tally-dlt-admin")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
-        .set("auto.offset.reset", "earliest");
-    c.create().map_err(DltError::Client)
+    kafka.clients(bootstrap).reader("tally-dlt-admin", None).create().map_err(DltError::Client)
 }
 
 /// A deadline for a sequence of blocking calls.

@@ -6,107 +6,35 @@
 //! `replayed-from: dead_letters/<id>` and sets `replayed_at` once the broker acknowledged
 //! it; rows already replayed are left out unless asked for.
 
-use base64::Engine as _;
-use chrono::{DateTime, Utc};
-use diesel::sql_types::{Array, BigInt, Bool, Bytea, Integer, Jsonb, Nullable, Text, Timestamptz};
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use serde::{Deserialize, Serialize};
+use diesel_async::AsyncPgConnection;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use tally_schema::headers;
+
+use tally_actors::store::dead_letters;
+pub use tally_actors::store::dead_letters::{browse, mark_replayed, DeadLetter, TopicRows};
 
 use super::{DltError, DltRecord, Origin, Republish, MAX_REPLAY};
 
 /// The name of the table in `/admin/dlt` paths and `replayed-from` headers.
 pub const NAME: &str = "dead_letters";
 
-/// One row of `dead_letters`.
-#[derive(Debug, Clone, diesel::QueryableByName)]
-pub struct DeadLetter {
-    #[diesel(sql_type = BigInt)]
-    pub id: i64,
-    #[diesel(sql_type = Text)]
-    pub original_topic: String,
-    #[diesel(sql_type = Integer)]
-    pub original_partition: i32,
-    #[diesel(sql_type = BigInt)]
-    pub original_offset: i64,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    pub original_timestamp: Option<i64>,
-    #[diesel(sql_type = Text)]
-    pub consumer_group: String,
-    #[diesel(sql_type = Text)]
-    pub exception_kind: String,
-    #[diesel(sql_type = Text)]
-    pub exception_message: String,
-    #[diesel(sql_type = Integer)]
-    pub attempts: i32,
-    #[diesel(sql_type = Nullable<Bytea>)]
-    pub record_key: Option<Vec<u8>>,
-    #[diesel(sql_type = Nullable<Bytea>)]
-    pub payload: Option<Vec<u8>>,
-    #[diesel(sql_type = Jsonb)]
-    pub headers: Value,
-    #[diesel(sql_type = Text)]
-    pub dlt_error: String,
-    #[diesel(sql_type = Timestamptz)]
-    pub created_at: DateTime<Utc>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    pub replayed_at: Option<DateTime<Utc>>,
-}
-
-const COLUMNS: &str = "id, original_topic, original_partition, original_offset, original_timestamp, consumer_group, \
-                       exception_kind, exception_message, attempts, record_key, payload, headers, dlt_error, \
-                       created_at, replayed_at";
-
-impl DeadLetter {
-    /// The stored headers (`[{"key", "value": base64 | null}]`), decoded.
-    #[must_use]
-    pub fn original_headers(&self) -> Vec<(String, Option<Vec<u8>>)> {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        self.headers
-            .as_array()
-            .map(|all| {
-                all.iter()
-                    .filter_map(|h| {
-                        let key = h["key"].as_str()?.to_owned();
-                        let value = h["value"].as_str().and_then(|v| b64.decode(v).ok());
-                        Some((key, value))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// The row as a DLT record would carry it: original headers plus the `dlt-*` ones.
-    fn as_record(&self) -> DltRecord {
-        let mut hdrs = self.original_headers();
-        let text = |k: &str, v: String| (k.to_owned(), Some(v.into_bytes()));
-        hdrs.push(text(headers::DLT_ORIGINAL_TOPIC, self.original_topic.clone()));
-        hdrs.push(text(headers::DLT_ORIGINAL_PARTITION, self.original_partition.to_string()));
-        hdrs.push(text(headers::DLT_ORIGINAL_OFFSET, self.original_offset.to_string()));
-        if let Some(ts) = self.original_timestamp {
-            hdrs.push(text(headers::DLT_ORIGINAL_TIMESTAMP, ts.to_string()));
-        }
-        hdrs.push(text(headers::DLT_CONSUMER_GROUP, self.consumer_group.clone()));
-        hdrs.push(text(headers::DLT_EXCEPTION_KIND, self.exception_kind.clone()));
-        hdrs.push(text(headers::DLT_EXCEPTION_MESSAGE, self.exception_message.clone()));
-        hdrs.push(text(headers::DLT_ATTEMPTS, self.attempts.to_string()));
-        DltRecord {
-            partition: self.original_partition,
-            offset: self.original_offset,
-            timestamp: self.original_timestamp,
-            key: self.record_key.clone(),
-            payload: self.payload.clone(),
-            headers: hdrs,
-        }
-    }
-
+/// What the admin API makes of a stored row.
+pub trait DeadLetterView {
     /// The JSON view of `GET /admin/dlt/dead_letters`: the view of a DLT topic record
     /// (its `partition`/`offset` are the original ones) plus `id`, `dltError`,
     /// `createdAt` and `replayedAt`.
-    #[must_use]
-    pub fn view(&self) -> Value {
-        let mut v = self.as_record().view();
+    fn view(&self) -> Value;
+    /// What a replay produces: the original topic, partition, key, payload and headers
+    /// (any earlier `replayed-from` removed) plus `replayed-from: dead_letters/<id>`.
+    fn republish(&self) -> Republish;
+    /// Where the record came from.
+    fn origin(&self) -> Origin;
+}
+
+impl DeadLetterView for DeadLetter {
+    fn view(&self) -> Value {
+        let mut v = as_record(self).view();
         if let Some(obj) = v.as_object_mut() {
             obj.insert("id".into(), json!(self.id));
             obj.insert("dltError".into(), json!(self.dlt_error));
@@ -116,10 +44,7 @@ impl DeadLetter {
         v
     }
 
-    /// What a replay produces: the original topic, partition, key, payload and headers
-    /// (any earlier `replayed-from` removed) plus `replayed-from: dead_letters/<id>`.
-    #[must_use]
-    pub fn republish(&self) -> Republish {
+    fn republish(&self) -> Republish {
         let mut hdrs: Vec<(String, Option<Vec<u8>>)> =
             self.original_headers().into_iter().filter(|(k, _)| k != headers::REPLAYED_FROM).collect();
         hdrs.push((headers::REPLAYED_FROM.to_owned(), Some(format!("{NAME}/{}", self.id).into_bytes())));
@@ -132,8 +57,7 @@ impl DeadLetter {
         }
     }
 
-    #[must_use]
-    pub fn origin(&self) -> Origin {
+    fn origin(&self) -> Origin {
         Origin {
             topic: self.original_topic.clone(),
             partition: self.original_partition,
@@ -144,16 +68,28 @@ impl DeadLetter {
     }
 }
 
-/// Row counts per original topic.
-#[derive(Debug, Clone, Serialize, diesel::QueryableByName)]
-#[serde(rename_all = "camelCase")]
-pub struct TopicRows {
-    #[diesel(sql_type = Text)]
-    pub original_topic: String,
-    #[diesel(sql_type = BigInt)]
-    pub records: i64,
-    #[diesel(sql_type = BigInt)]
-    pub not_replayed: i64,
+/// The row as a DLT record would carry it: original headers plus the `dlt-*` ones.
+fn as_record(row: &DeadLetter) -> DltRecord {
+    let mut hdrs = row.original_headers();
+    let text = |k: &str, v: String| (k.to_owned(), Some(v.into_bytes()));
+    hdrs.push(text(headers::DLT_ORIGINAL_TOPIC, row.original_topic.clone()));
+    hdrs.push(text(headers::DLT_ORIGINAL_PARTITION, row.original_partition.to_string()));
+    hdrs.push(text(headers::DLT_ORIGINAL_OFFSET, row.original_offset.to_string()));
+    if let Some(ts) = row.original_timestamp {
+        hdrs.push(text(headers::DLT_ORIGINAL_TIMESTAMP, ts.to_string()));
+    }
+    hdrs.push(text(headers::DLT_CONSUMER_GROUP, row.consumer_group.clone()));
+    hdrs.push(text(headers::DLT_EXCEPTION_KIND, row.exception_kind.clone()));
+    hdrs.push(text(headers::DLT_EXCEPTION_MESSAGE, row.exception_message.clone()));
+    hdrs.push(text(headers::DLT_ATTEMPTS, row.attempts.to_string()));
+    DltRecord {
+        partition: row.original_partition,
+        offset: row.original_offset,
+        timestamp: row.original_timestamp,
+        key: row.record_key.clone(),
+        payload: row.payload.clone(),
+        headers: hdrs,
+    }
 }
 
 /// The `deadLetters` entry of `GET /admin/dlt`.
@@ -161,36 +97,10 @@ pub struct TopicRows {
 /// # Errors
 /// Any database error.
 pub async fn summary(conn: &mut AsyncPgConnection) -> Result<Value, diesel::result::Error> {
-    let by_topic = diesel::sql_query(
-        "SELECT original_topic, count(*) AS records, count(*) FILTER (WHERE replayed_at IS NULL) AS not_replayed \
-         FROM dead_letters GROUP BY original_topic ORDER BY original_topic",
-    )
-    .load::<TopicRows>(conn)
-    .await?;
+    let by_topic = dead_letters::count_by_topic(conn).await?;
     let records: i64 = by_topic.iter().map(|t| t.records).sum();
     let not_replayed: i64 = by_topic.iter().map(|t| t.not_replayed).sum();
     Ok(json!({ "table": NAME, "records": records, "notReplayed": not_replayed, "byTopic": by_topic }))
-}
-
-/// Rows with an id above `after`, by id, at most `limit`, optionally of one original topic.
-///
-/// # Errors
-/// Any database error.
-pub async fn browse(
-    conn: &mut AsyncPgConnection,
-    after: i64,
-    limit: i64,
-    original_topic: Option<&str>,
-) -> Result<Vec<DeadLetter>, diesel::result::Error> {
-    diesel::sql_query(format!(
-        "SELECT {COLUMNS} FROM dead_letters WHERE id > $1 AND ($2::text IS NULL OR original_topic = $2) \
-         ORDER BY id LIMIT $3"
-    ))
-    .bind::<BigInt, _>(after)
-    .bind::<Nullable<Text>, _>(original_topic)
-    .bind::<BigInt, _>(limit)
-    .load(conn)
-    .await
 }
 
 /// The body of `POST /admin/dlt/dead_letters/replay`; every field optional.
@@ -227,20 +137,14 @@ impl TableReplayRequest {
 /// [`DltError::BadSelection`] when more than [`MAX_REPLAY`] rows match; database errors
 /// as [`DltError::Database`].
 pub async fn select(conn: &mut AsyncPgConnection, request: &TableReplayRequest) -> Result<Vec<DeadLetter>, DltError> {
-    let rows: Vec<DeadLetter> = diesel::sql_query(format!(
-        "SELECT {COLUMNS} FROM dead_letters \
-         WHERE ($1::bigint[] IS NULL OR id = ANY($1)) AND ($2::text IS NULL OR original_topic = $2) \
-           AND ($3::bytea IS NULL OR record_key = $3) AND ($4 OR replayed_at IS NULL) \
-         ORDER BY id LIMIT $5"
-    ))
-    .bind::<Nullable<Array<BigInt>>, _>(request.ids.as_deref())
-    .bind::<Nullable<Text>, _>(request.original_topic.as_deref())
-    .bind::<Nullable<Bytea>, _>(request.key.as_deref().map(str::as_bytes))
-    .bind::<Bool, _>(request.include_replayed)
-    .bind::<BigInt, _>(MAX_REPLAY + 1)
-    .load(conn)
-    .await
-    .map_err(|e| DltError::Database(e.to_string()))?;
+    let filter = dead_letters::RowFilter {
+        ids: request.ids.as_deref(),
+        original_topic: request.original_topic.as_deref(),
+        key: request.key.as_deref().map(str::as_bytes),
+        include_replayed: request.include_replayed,
+    };
+    let rows =
+        dead_letters::select(conn, filter, MAX_REPLAY + 1).await.map_err(|e| DltError::Database(e.to_string()))?;
     if rows.len() as i64 > MAX_REPLAY {
         return Err(DltError::BadSelection(format!(
             "the selection covers more than {MAX_REPLAY} rows: narrow it with ids, originalTopic or key"
@@ -249,20 +153,10 @@ pub async fn select(conn: &mut AsyncPgConnection, request: &TableReplayRequest) 
     Ok(rows)
 }
 
-/// Marks `ids` replayed now.
-///
-/// # Errors
-/// Any database error.
-pub async fn mark_replayed(conn: &mut AsyncPgConnection, ids: &[i64]) -> Result<usize, diesel::result::Error> {
-    diesel::sql_query("UPDATE dead_letters SET replayed_at = now() WHERE id = ANY($1)")
-        .bind::<Array<BigInt>, _>(ids)
-        .execute(conn)
-        .await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::Utc;
 
     fn row() -> DeadLetter {
         DeadLetter {

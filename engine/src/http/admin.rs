@@ -10,12 +10,11 @@
 use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
-use diesel::sql_types::Text;
-use diesel_async::RunQueryDsl;
 use rdkafka::producer::Producer;
 use serde_json::json;
 use tally_actors::consume::PipelineControl;
 use tally_actors::outbox;
+use tally_actors::store::migrate;
 
 use super::admin_dlt::{self, dlt_inventory};
 use super::auth::Admin;
@@ -47,12 +46,6 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({ "status": "ok" }))
 }
 
-#[derive(diesel::QueryableByName)]
-struct VersionRow {
-    #[diesel(sql_type = Text)]
-    version: String,
-}
-
 /// Readiness: the database answers, every embedded migration is applied, Kafka metadata
 /// can be fetched, every pipeline has received its partition assignment (ready means able
 /// to process), and no pipeline is degraded (waiting for an unavailable dependency). 503
@@ -60,22 +53,15 @@ struct VersionRow {
 async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let mut problems = unassigned_pipelines(&state.stages);
     match state.pool.get().await {
-        Ok(mut conn) => {
-            match diesel::sql_query("SELECT version::text AS version FROM __diesel_schema_migrations")
-                .load::<VersionRow>(&mut conn)
-                .await
-            {
-                Ok(rows) => {
-                    let applied: Vec<String> = rows.into_iter().map(|r| r.version).collect();
-                    let missing: Vec<&String> =
-                        state.expected_migrations.iter().filter(|v| !applied.contains(v)).collect();
-                    if !missing.is_empty() {
-                        problems.push(format!("migrations not applied: {missing:?}"));
-                    }
+        Ok(mut conn) => match migrate::applied_versions(&mut conn).await {
+            Ok(applied) => {
+                let missing: Vec<&String> = state.expected_migrations.iter().filter(|v| !applied.contains(v)).collect();
+                if !missing.is_empty() {
+                    problems.push(format!("migrations not applied: {missing:?}"));
                 }
-                Err(e) => problems.push(format!("database query failed: {e}")),
             }
-        }
+            Err(e) => problems.push(format!("database query failed: {e}")),
+        },
         Err(e) => problems.push(format!("database unreachable: {e}")),
     }
     let probe = state.kafka_probe.clone();

@@ -258,7 +258,7 @@ pub(super) async fn dead_letters_read(
     let mut conn = state.pool.get().await?;
     let rows = table::browse(&mut conn, q.after.unwrap_or(0), limit as i64, q.original_topic.as_deref()).await?;
     let next = if rows.len() == limit { rows.last().map(|r| r.id) } else { None };
-    let records: Vec<Value> = rows.iter().map(table::DeadLetter::view).collect();
+    let records: Vec<Value> = rows.iter().map(table::DeadLetterView::view).collect();
     Ok(HttpResponse::Ok().json(json!({
         "table": table::NAME,
         "count": records.len(),
@@ -295,7 +295,7 @@ pub(super) async fn dead_letters_replay(
         .into());
     }
     if query.dry_run == Some(true) {
-        let report = dry_run(&state, rows.iter().map(table::DeadLetter::origin).collect()).await?;
+        let report = dry_run(&state, rows.iter().map(table::DeadLetterView::origin).collect()).await?;
         let records = rows
             .iter()
             .zip(&report.newer_of_each)
@@ -312,7 +312,7 @@ pub(super) async fn dead_letters_replay(
             .collect();
         return Ok(HttpResponse::Ok().json(dry_run_body(records, report)));
     }
-    let outs: Vec<dlt::Republish> = rows.iter().map(table::DeadLetter::republish).collect();
+    let outs: Vec<dlt::Republish> = rows.iter().map(table::DeadLetterView::republish).collect();
     let results = dlt::send_all(&replay_producer(&state)?, &outs.iter().collect::<Vec<_>>()).await;
     let mut done = Vec::new();
     let mut failure = None;

@@ -10,7 +10,8 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::store::{self, Created, TransferRequest};
+use tally_actors::store::accounts;
+use tally_actors::store::transfers::{self, Created, TransferRequest};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -84,7 +85,7 @@ pub async fn create_transfer(
     let request = body.into_inner().validate(state.max_balance_cents)?;
     let traceparent = super::traceparent(&req);
     let mut conn = state.pool.get().await?;
-    let created = store::create_transfer(
+    let created = transfers::create_transfer(
         &mut conn,
         &request,
         key.as_deref(),
@@ -119,7 +120,7 @@ fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
 /// `GET /transfers/{id}`.
 pub async fn get_transfer(state: web::Data<AppState>, id: web::Path<Uuid>) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await?;
-    let transfer = store::find_transfer(&mut conn, *id)
+    let transfer = transfers::find_transfer(&mut conn, *id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("transfer {id} does not exist")))?;
     Ok(HttpResponse::Ok().json(TransferView::from(transfer)))
@@ -161,7 +162,7 @@ pub async fn create_account(
             ApiError::Validation(format!("initialBalanceCents must be an integer between 0 and {max}"))
         })?;
     let mut conn = state.pool.get().await?;
-    match store::create_account(&mut conn, id.as_str(), currency.as_str(), balance).await? {
+    match accounts::create_account(&mut conn, id.as_str(), currency.as_str(), balance).await? {
         Some(account) => Ok(HttpResponse::Created()
             .insert_header((header::LOCATION, format!("/accounts/{}", account.id)))
             .json(AccountView::from(account))),
@@ -219,10 +220,10 @@ pub async fn get_account(
         return Err(ApiError::BadRequest("limit must be between 1 and 500".into()));
     }
     let mut conn = state.pool.get().await?;
-    let account = store::find_account(&mut conn, &id)
+    let account = accounts::find_account(&mut conn, &id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("account {id} does not exist")))?;
-    let postings = store::postings_page(&mut conn, &id, query.before, limit).await?;
+    let postings = accounts::postings_page(&mut conn, &id, query.before, limit).await?;
     let next_before = (postings.len() as i64 == limit).then(|| postings.last().map(|p| p.id)).flatten();
     Ok(HttpResponse::Ok().json(AccountDetail {
         account: account.into(),

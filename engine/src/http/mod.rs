@@ -16,7 +16,7 @@ use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpRequest, HttpServer};
 use rdkafka::producer::FutureProducer;
-use tally_actors::db::PgPool;
+use tally_actors::store::PgPool;
 use tally_actors::Metrics;
 use tally_schema::values::is_valid_traceparent;
 

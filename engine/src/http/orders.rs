@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::store::{self, OrderIntake, OrderRequest};
+use tally_actors::store::orders::{self, OrderIntake, OrderRequest};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -79,7 +79,7 @@ pub async fn create_order(
     let request = body.into_inner().validate()?;
     let traceparent = super::traceparent(&req);
     let mut conn = state.pool.get().await?;
-    let intake = store::create_order(&mut conn, &request, &state.topics.orders_received, Some(traceparent)).await?;
+    let intake = orders::create_order(&mut conn, &request, &state.topics.orders_received, Some(traceparent)).await?;
     match intake {
         OrderIntake::New(o) => Ok(HttpResponse::Created()
             .insert_header((header::LOCATION, format!("/orders/{}", o.id)))
@@ -97,7 +97,7 @@ pub async fn create_order(
 /// `GET /orders/{id}`.
 pub async fn get_order(state: web::Data<AppState>, id: web::Path<Uuid>) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await?;
-    let order = store::find_order(&mut conn, *id)
+    let order = orders::find_order(&mut conn, *id)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("order {id} does not exist")))?;
     Ok(HttpResponse::Ok().json(OrderView::from(order)))

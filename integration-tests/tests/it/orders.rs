@@ -109,7 +109,7 @@ async fn assert_counts(db: &TestDb, orders: i64, outbox: i64, case: &str) {
 // Consumption
 // ---------------------------------------------------------------------------------------
 
-/// Seed 000: the same `OrderReceived` delivered twice, and again after the first delivery
+/// The same `OrderReceived` delivered twice, and again after the first delivery
 /// was fully processed and its offset committed, leaves one `received_orders` row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_order_delivered_twice_and_after_commit_is_materialized_once() {
@@ -152,7 +152,7 @@ async fn same_order_delivered_twice_and_after_commit_is_materialized_once() {
     assert!(read_topic(env.bootstrap(), DLT, Deadline::secs(10)).await.expect("read DLT").is_empty());
 }
 
-/// Seed 000: two (here four) consumers materialize one order id at the same moment, each
+/// Four consumers materialize one order id at the same moment, each
 /// on its own connection. A table lock held by a third session parks all of them inside
 /// their transactions, at the INSERT; releasing it lets them race. The primary key and
 /// `ON CONFLICT` decide: one row, one `New`, the others `Duplicate`, no error surfaced.
@@ -206,7 +206,7 @@ async fn concurrent_materializations_of_one_order_write_one_row_without_error() 
     assert_eq!(db.count("received_orders").await, 1);
 }
 
-/// Seed 000: when `materialize()` fails the record is not acknowledged. The order's row is
+/// When `materialize()` fails the record is not acknowledged. The order's row is
 /// held by an uncommitted insert elsewhere, so its materialization times out (transient)
 /// and retries. A later record of the same partition completes meanwhile, yet the
 /// committed offset stays at the failing record, also through a shutdown. After the hold

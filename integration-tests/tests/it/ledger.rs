@@ -84,8 +84,7 @@ async fn ledger_check(app: &TestApp) -> Value {
     body
 }
 
-/// Seed 001 §10, `mesmaTransferenciaEntregueDuasVezesDebitaUmaUnicaVez`: the same
-/// TransferAnalyzed delivered twice debits once.
+/// The same TransferAnalyzed delivered twice debits once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_transfer_delivered_twice_debits_once() {
     let (env, app) = spawn_app(|_| {}).await;
@@ -372,7 +371,7 @@ async fn rebalance_mid_stream_keeps_every_transfer_exactly_once_in_effect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abrupt_stop_mid_stream_then_restart_loses_and_doubles_nothing() {
     let env = TestEnv::new().await;
-    tally_engine::database::prepare_blocking(env.db.url()).expect("migrate");
+    tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
     let ids = produce_stream(&env, 4_000, 50).await;
     let mut child = tally_integration_tests::spawn_tally_process(&env, &[("TALLY__PIPELINES__OUTBOX", "false")]);
     wait_until("the child settles some transfers", Deadline::DEFAULT, || async {

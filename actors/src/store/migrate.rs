@@ -118,3 +118,23 @@ pub fn redact(url: &str) -> String {
         Err(_) => "<invalid url>".into(),
     }
 }
+
+#[derive(diesel::QueryableByName)]
+struct VersionRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    version: String,
+}
+
+/// The versions of every applied migration, for the readiness check.
+///
+/// # Errors
+/// Any database error (e.g. the migrations table is missing).
+pub async fn applied_versions(conn: &mut AsyncPgConnection) -> Result<Vec<String>, diesel::result::Error> {
+    use diesel_async::RunQueryDsl;
+    Ok(diesel::sql_query("SELECT version::text AS version FROM __diesel_schema_migrations")
+        .load::<VersionRow>(conn)
+        .await?
+        .into_iter()
+        .map(|r| r.version)
+        .collect())
+}

@@ -5,7 +5,7 @@
 //! brokers, in this process). The mock does not hide aborted records from read_committed
 //! consumers and does not store offsets sent in a transaction, so these tests assert that
 //! downstream stages stay exactly-once in effect (derived ids + the ledger inbox); the
-//! isolation, fencing and restart tests run on noida-db (`tests/noida.rs`).
+//! isolation, fencing and restart tests run on noida-db (`noida.rs` beside this file).
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::collections::HashMap;

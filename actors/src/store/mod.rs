@@ -1,0 +1,29 @@
+//! Every SQL statement tally runs, one file per table family, with the connection pool
+//! and the migration runner. Actors, handlers and HTTP endpoints call the named functions
+//! here; no other module builds a query. (The bench's set-up scripts, which create and
+//! fill throwaway databases, keep their SQL beside them in `tally_engine::bench`.)
+//!
+//! | file | tables |
+//! |---|---|
+//! | `transfers.rs` | `transfers` (intake, projection, what the ledger reads) |
+//! | `accounts.rs` | `accounts`, `postings`, `processed_transfers` (the ledger's inbox) |
+//! | `outbox.rs` | `outbox_events` |
+//! | `orders.rs` | `orders`, `received_orders` |
+//! | `notifications.rs` | `notification_deliveries` |
+//! | `decisions.rs` | `antifraud_decisions` |
+//! | `dead_letters.rs` | `dead_letters` |
+//! | `check.rs` | all of them, read-only: the ledger invariants |
+//! | `pool.rs`, `migrate.rs` | connections; `__diesel_schema_migrations` |
+
+pub mod accounts;
+pub mod check;
+pub mod dead_letters;
+pub mod decisions;
+pub mod migrate;
+pub mod notifications;
+pub mod orders;
+pub mod outbox;
+pub mod pool;
+pub mod transfers;
+
+pub use pool::{build_pool, PgPool, PoolSettings, PooledConnection};

@@ -1,0 +1,181 @@
+//! The `outbox_events` table: rows written in the same transaction as the state they
+//! announce, claimed by shard for publishing, marked published after the broker
+//! acknowledged them, and deleted after their retention.
+//!
+//! Per-key order with several publishers: the key space is split into [`SHARDS`] shards (a
+//! stored column computed from the key). A publisher claims rows only from shards whose
+//! transaction-scoped advisory lock it holds, so one key is published by one publisher at a
+//! time, in `seq` order. Late commits are never skipped: there is no cursor, every claim
+//! reads all rows still unpublished.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel::sql_types::{Array, BigInt, Double, Integer, Nullable, Text};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use tally_schema::models::{NewOutboxEvent, PendingOutboxEvent};
+use tally_schema::schema::outbox_events;
+use uuid::Uuid;
+
+/// First key of the shard advisory locks ("tall"); the second key is the shard number.
+const SHARD_LOCK_SPACE: i32 = 0x7461_6c6c;
+/// Number of shards, as in the `outbox_events.shard` column definition.
+pub const SHARDS: i32 = 64;
+
+/// Writes one outbox row (inside the caller's transaction).
+///
+/// # Errors
+/// Any database error.
+pub async fn insert(conn: &mut AsyncPgConnection, row: &NewOutboxEvent) -> Result<(), diesel::result::Error> {
+    diesel::insert_into(outbox_events::table).values(row).execute(conn).await?;
+    Ok(())
+}
+
+/// Outbox rows as columns, for one set-based insert.
+#[derive(Debug, Default)]
+pub struct OutboxColumns {
+    pub id: Vec<Uuid>,
+    pub topic: Vec<String>,
+    pub key: Vec<String>,
+    pub event_type: Vec<String>,
+    pub payload: Vec<String>,
+    pub traceparent: Vec<Option<String>>,
+}
+
+/// Writes every row of `rows` in one statement (inside the caller's transaction).
+///
+/// # Errors
+/// Any database error.
+pub async fn insert_columns(conn: &mut AsyncPgConnection, rows: &OutboxColumns) -> Result<(), diesel::result::Error> {
+    if rows.id.is_empty() {
+        return Ok(());
+    }
+    diesel::sql_query(
+        "INSERT INTO outbox_events (id, topic, key, event_type, payload, traceparent) \
+         SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])",
+    )
+    .bind::<Array<diesel::sql_types::Uuid>, _>(&rows.id)
+    .bind::<Array<Text>, _>(&rows.topic)
+    .bind::<Array<Text>, _>(&rows.key)
+    .bind::<Array<Text>, _>(&rows.event_type)
+    .bind::<Array<Text>, _>(&rows.payload)
+    .bind::<Array<Nullable<Text>>, _>(&rows.traceparent)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(QueryableByName)]
+struct ShardRow {
+    #[diesel(sql_type = Integer)]
+    shard: i32,
+}
+
+/// Locks free shards (transaction-scoped advisory locks) in random order, at most half of
+/// them: a lone publisher covers every shard over consecutive batches, and several
+/// publishers share the key space instead of one taking all of it. The Limit node stops
+/// pulling rows, so no further locks are taken. Call inside a transaction.
+///
+/// # Errors
+/// Any database error.
+pub async fn lock_free_shards(conn: &mut AsyncPgConnection) -> Result<Vec<i32>, diesel::result::Error> {
+    Ok(diesel::sql_query(
+        "SELECT shard FROM (SELECT shard FROM generate_series(0, $1 - 1) AS shard \
+                            ORDER BY random()) AS s \
+         WHERE pg_try_advisory_xact_lock($2, shard) LIMIT $3",
+    )
+    .bind::<Integer, _>(SHARDS)
+    .bind::<Integer, _>(SHARD_LOCK_SPACE)
+    .bind::<Integer, _>(SHARDS / 2)
+    .load::<ShardRow>(conn)
+    .await?
+    .into_iter()
+    .map(|r| r.shard)
+    .collect())
+}
+
+/// Claims up to `limit` unpublished rows of `shards` in `seq` order (`FOR UPDATE SKIP
+/// LOCKED`). Call inside a transaction.
+///
+/// # Errors
+/// Any database error.
+pub async fn claim_pending(
+    conn: &mut AsyncPgConnection,
+    shards: &[i32],
+    limit: i64,
+) -> Result<Vec<PendingOutboxEvent>, diesel::result::Error> {
+    diesel::sql_query(
+        "SELECT id, seq, topic, key, event_type, payload, traceparent, created_at \
+         FROM outbox_events \
+         WHERE published_at IS NULL AND shard = ANY($1) \
+         ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+    )
+    .bind::<Array<Integer>, _>(shards)
+    .bind::<BigInt, _>(limit)
+    .load(conn)
+    .await
+}
+
+/// Sets `published_at` on `ids`.
+///
+/// # Errors
+/// Any database error.
+pub async fn mark_published(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<(), diesel::result::Error> {
+    diesel::update(outbox_events::table.filter(outbox_events::id.eq_any(ids)))
+        .set(outbox_events::published_at.eq(diesel::dsl::now))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Deletes rows published longer than `retention` ago, in chunks of `chunk` rows; returns
+/// the number deleted.
+///
+/// # Errors
+/// Any database error.
+pub async fn delete_published(conn: &mut AsyncPgConnection, retention: Duration) -> Result<u64, diesel::result::Error> {
+    const CHUNK: i64 = 10_000;
+    let mut total = 0_u64;
+    loop {
+        let n = diesel::sql_query(
+            "DELETE FROM outbox_events WHERE id IN ( \
+               SELECT id FROM outbox_events \
+               WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
+               LIMIT $2)",
+        )
+        .bind::<Double, _>(retention.as_secs_f64())
+        .bind::<BigInt, _>(CHUNK)
+        .execute(conn)
+        .await?;
+        total += n as u64;
+        if (n as i64) < CHUNK {
+            return Ok(total);
+        }
+    }
+}
+
+/// Pending rows and the age of the oldest, for one topic.
+#[derive(Debug, Clone, PartialEq, QueryableByName, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingStats {
+    #[diesel(sql_type = Text)]
+    pub topic: String,
+    #[diesel(sql_type = BigInt)]
+    pub pending: i64,
+    #[diesel(sql_type = Double)]
+    pub oldest_age_seconds: f64,
+}
+
+/// Pending rows per topic with the age of the oldest.
+///
+/// # Errors
+/// Any database error.
+pub async fn pending_by_topic(conn: &mut AsyncPgConnection) -> Result<Vec<PendingStats>, diesel::result::Error> {
+    diesel::sql_query(
+        "SELECT topic::text AS topic, count(*)::bigint AS pending, \
+                COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds \
+         FROM outbox_events WHERE published_at IS NULL GROUP BY topic ORDER BY topic",
+    )
+    .load(conn)
+    .await
+}

@@ -1,0 +1,307 @@
+//! Daemons under test: the environment that outlives them (database and embedded
+//! broker), daemons in this process on port 0, and `tally run` as a child process.
+
+use super::*;
+
+/// What outlives a daemon: the test database and the embedded broker (librdkafka mock
+/// cluster). Spawn any number of daemons on it, at once or one after another.
+pub struct TestEnv {
+    pub db: TestDb,
+    pub broker: Arc<EmbeddedBroker>,
+}
+
+impl std::fmt::Debug for TestEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestEnv").field("db", &self.db).field("broker", &self.broker).finish()
+    }
+}
+
+impl TestEnv {
+    /// A fresh database and a fresh embedded broker with the default broker count.
+    ///
+    /// # Panics
+    /// When the database or the broker cannot be created.
+    pub async fn new() -> Self {
+        let db = TestDb::new().await;
+        let broker = Arc::new(
+            EmbeddedBroker::start(Config::default().kafka.embedded_brokers).expect("start the embedded Kafka broker"),
+        );
+        Self { db, broker }
+    }
+
+    /// The broker's `bootstrap.servers`.
+    #[must_use]
+    pub fn bootstrap(&self) -> &str {
+        self.broker.bootstrap_servers()
+    }
+
+    /// The configuration [`TestEnv::spawn`] starts from: listeners on `127.0.0.1:0`, this
+    /// environment's database, 1 HTTP worker, a small pool, a 50 ms outbox poll interval
+    /// and short publisher backoff.
+    #[must_use]
+    pub fn config(&self) -> Config {
+        let mut c = Config::default();
+        // Unique per daemon: several daemons of one test are several instances.
+        c.instance.id = format!("test-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        c.database.url = SecretUrl::new(self.db.url());
+        c.database.pool_size = 4;
+        c.kafka.embedded_brokers = self.broker.broker_count();
+        c.http.intake_addr = ([127, 0, 0, 1], 0).into();
+        c.http.admin_addr = ([127, 0, 0, 1], 0).into();
+        c.http.workers = 1;
+        c.outbox.poll_interval_ms = 50;
+        c.outbox.backoff_initial_ms = 50;
+        c.outbox.backoff_max_ms = 1_000;
+        c
+    }
+
+    /// Starts a daemon on this environment (same database, same broker), after
+    /// `configure` adjusted [`TestEnv::config`]; returns once it serves HTTP.
+    ///
+    /// # Panics
+    /// When the configuration is invalid or the daemon cannot start.
+    pub async fn spawn(&self, configure: impl FnOnce(&mut Config)) -> TestApp {
+        let mut config = self.config();
+        configure(&mut config);
+        config.validate().expect("the test configuration is valid");
+        let broker = Arc::clone(&self.broker);
+        let spawn_config = config.clone();
+        let handle = tokio::task::spawn_blocking(move || tally_engine::spawn(spawn_config, Some(broker)))
+            .await
+            .expect("daemon spawn task")
+            .unwrap_or_else(|e| panic!("the daemon did not start: {e:#}"));
+        TestApp::new(handle, config)
+    }
+}
+
+/// Runs only the pipelines named in `names` (`outbox`, `ledger`, `antifraud`,
+/// `projection`, `orders`, `notifications`); every other one is turned off.
+pub fn run_only(c: &mut Config, names: &[&str]) {
+    let p = &mut c.pipelines;
+    for (name, on) in [
+        ("outbox", &mut p.outbox),
+        ("ledger", &mut p.ledger),
+        ("antifraud", &mut p.antifraud),
+        ("projection", &mut p.projection),
+        ("orders", &mut p.orders),
+        ("notifications", &mut p.notifications),
+    ] {
+        *on = names.contains(&name);
+    }
+}
+
+/// A fresh [`TestEnv`] and one daemon on it, configured by `configure` (pass `|_| {}` for
+/// the defaults). Bind as `let (env, app) = ...` so the daemon stops before the database
+/// is dropped.
+pub async fn spawn_app(configure: impl FnOnce(&mut Config)) -> (TestEnv, TestApp) {
+    let env = TestEnv::new().await;
+    let app = env.spawn(configure).await;
+    (env, app)
+}
+
+/// One running daemon with an HTTP client. Dropping it (or [`TestApp::stop`]) shuts the
+/// daemon down in order and waits for it.
+pub struct TestApp {
+    /// `http://127.0.0.1:<port>` of the intake listener.
+    pub intake_url: String,
+    /// `http://127.0.0.1:<port>` of the admin listener.
+    pub admin_url: String,
+    /// The Kafka bootstrap list the daemon uses.
+    pub bootstrap: String,
+    /// The configuration the daemon runs with.
+    pub config: Config,
+    pub client: reqwest::Client,
+    handle: Option<DaemonHandle>,
+}
+
+impl std::fmt::Debug for TestApp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestApp").field("intake_url", &self.intake_url).field("admin_url", &self.admin_url).finish()
+    }
+}
+
+impl TestApp {
+    pub(crate) fn new(handle: DaemonHandle, config: Config) -> Self {
+        let client =
+            reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("build the HTTP client");
+        Self {
+            intake_url: format!("http://{}", handle.intake_addr),
+            admin_url: format!("http://{}", handle.admin_addr),
+            bootstrap: handle.bootstrap.clone(),
+            config,
+            client,
+            handle: Some(handle),
+        }
+    }
+
+    /// Shuts the daemon down in order and waits for its thread.
+    pub async fn stop(mut self) {
+        if let Some(handle) = self.handle.take() {
+            tokio::task::spawn_blocking(move || handle.stop()).await.expect("daemon stop task");
+        }
+    }
+
+    /// `POST <intake><path>` with a JSON body.
+    ///
+    /// # Panics
+    /// When the request cannot be sent.
+    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
+        self.send(self.client.post(format!("{}{path}", self.intake_url)).json(body)).await
+    }
+
+    /// `GET <intake><path>`.
+    ///
+    /// # Panics
+    /// When the request cannot be sent.
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.send(self.client.get(format!("{}{path}", self.intake_url))).await
+    }
+
+    /// `GET <admin><path>`.
+    ///
+    /// # Panics
+    /// When the request cannot be sent.
+    pub async fn admin_get(&self, path: &str) -> reqwest::Response {
+        self.send(self.client.get(format!("{}{path}", self.admin_url))).await
+    }
+
+    /// Sends any request built from [`TestApp::client`].
+    ///
+    /// # Panics
+    /// When the request cannot be sent.
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> reqwest::Response {
+        request.send().await.unwrap_or_else(|e| panic!("HTTP request failed: {e}"))
+    }
+
+    /// The Prometheus text of `GET /metrics`.
+    ///
+    /// # Panics
+    /// When the endpoint does not answer 200.
+    /// POSTs `body` verbatim with `content_type` to the intake listener.
+    pub async fn post_raw(&self, path: &str, content_type: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.send(
+            self.client
+                .post(format!("{}{path}", self.intake_url))
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(body),
+        )
+        .await
+    }
+
+    pub async fn metrics(&self) -> String {
+        let res = self.admin_get("/metrics").await;
+        assert_eq!(res.status(), 200, "GET /metrics");
+        res.text().await.expect("read /metrics")
+    }
+
+    /// How many partitions pipeline `name` holds now (`GET /admin/pipelines`); 0 when it
+    /// does not run here.
+    pub async fn partitions_of(&self, name: &str) -> usize {
+        let all = json_body(self.admin_get("/admin/pipelines").await).await;
+        let pipelines = all["pipelines"].as_array().cloned().unwrap_or_default();
+        let pipeline = pipelines.iter().find(|p| p["name"] == name).cloned().unwrap_or_default();
+        pipeline["partitions"].as_array().map_or(0, Vec::len)
+    }
+
+    /// Waits until every daemon in `apps` holds at least one partition of pipeline `name`
+    /// and together they hold `total`.
+    ///
+    /// # Panics
+    /// When that does not happen within [`Deadline::DEFAULT`].
+    pub async fn wait_for_shares(apps: &[&Self], name: &str, total: usize) {
+        wait_until(
+            &format!("{} instances share the {total} partitions of {name}", apps.len()),
+            Deadline::DEFAULT,
+            || async {
+                let mut shares = Vec::with_capacity(apps.len());
+                for app in apps {
+                    shares.push(app.partitions_of(name).await);
+                }
+                if shares.iter().all(|s| *s > 0) && shares.iter().sum::<usize>() == total {
+                    Ok(())
+                } else {
+                    Err(format!("shares {shares:?}"))
+                }
+            },
+        )
+        .await;
+    }
+
+    /// The JSON of `GET /admin/outbox`.
+    ///
+    /// # Panics
+    /// When the endpoint does not answer 200 with JSON.
+    pub async fn outbox_backlog(&self) -> serde_json::Value {
+        let res = self.admin_get("/admin/outbox").await;
+        assert_eq!(res.status(), 200, "GET /admin/outbox");
+        res.json().await.expect("/admin/outbox answers JSON")
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.stop();
+        }
+    }
+}
+
+/// The `tally` binary of this workspace, built first when needed (a no-op when it is up to
+/// date), for tests that run the daemon as a separate process (e.g. to kill it).
+///
+/// # Panics
+/// When the build fails or the binary cannot be found.
+#[must_use]
+pub fn tally_binary() -> std::path::PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "-p", "tally-engine", "--bin", "tally"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build for the tally binary");
+    assert!(status.success(), "cargo build -p tally-engine --bin tally failed");
+    // This test executable lives in target/<profile>/deps/.
+    let exe = std::env::current_exe().expect("current test executable");
+    let profile_dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>");
+    let binary = profile_dir.join("tally");
+    assert!(binary.exists(), "{} not found", binary.display());
+    binary
+}
+
+/// Starts `tally run` as a child process on `env` (its database, and its embedded broker
+/// as an external cluster), listeners on port 0, with extra `TALLY__*` variables. Its logs
+/// go to `target/<profile>/tally-child.log`, or `tally-child-<instance id>.log` when
+/// `extra` names the instance (appended across restarts), for post-mortems. Kill it with
+/// `Child::kill`.
+///
+/// # Panics
+/// When the process cannot be started.
+#[must_use]
+pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> std::process::Child {
+    let binary = tally_binary();
+    let log = match extra.iter().find(|(k, _)| *k == "TALLY__INSTANCE__ID") {
+        Some((_, id)) => binary.with_file_name(format!("tally-child-{id}.log")),
+        None => binary.with_file_name("tally-child.log"),
+    };
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_or_else(|_| std::process::Stdio::null(), std::process::Stdio::from);
+    std::process::Command::new(binary)
+        .arg("run")
+        .env("TALLY__DATABASE__URL", env.db.url())
+        .env("TALLY__DATABASE__POOL_SIZE", "4")
+        .env("TALLY__KAFKA__BROKERS", env.bootstrap())
+        // The mock cluster has no Admin API; the harness created the topics.
+        .env("TALLY__KAFKA__CREATE_TOPICS", "false")
+        .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
+        .env("TALLY__HTTP__ADMIN_ADDR", "127.0.0.1:0")
+        .env("TALLY__INSTANCE__ID", format!("test-child-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
+        .envs(extra.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start tally run")
+}

@@ -1,0 +1,56 @@
+//! Deadline-bounded waiting: every wait in a test polls a condition and fails with its
+//! last observation, never a fixed sleep used as an assertion.
+
+use super::*;
+
+/// How long a wait may take before the test fails. Generous on purpose: these are
+/// failure bounds for a loaded 2-core machine, not performance assertions.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline(pub Duration);
+
+impl Deadline {
+    /// The default bound of [`wait_until`] and [`read_topic`]: 60 s.
+    pub const DEFAULT: Deadline = Deadline(Duration::from_secs(60));
+
+    #[must_use]
+    pub const fn secs(secs: u64) -> Self {
+        Self(Duration::from_secs(secs))
+    }
+}
+
+/// Installs the daemon's log subscriber once when `RUST_LOG` is set (e.g.
+/// `RUST_LOG=info,tally=debug`); otherwise tests run silently.
+pub fn init_logging() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if let Ok(level) = std::env::var("RUST_LOG") {
+            let log = tally_engine::config::LogConfig { level, ..Default::default() };
+            tally_engine::telemetry::init(&log);
+        }
+    });
+}
+
+/// Polls `check` every 50 ms until it returns `Ok`, and returns that value. `check`
+/// returns `Err(observation)` while the condition does not hold; when `deadline` passes,
+/// the test fails with `what` and the last observation.
+///
+/// # Panics
+/// When the deadline passes.
+pub async fn wait_until<T, F, Fut>(what: &str, deadline: Deadline, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(observation) => {
+                if started.elapsed() >= deadline.0 {
+                    panic!("timed out after {:?} waiting until {what}; last observation: {observation}", deadline.0);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

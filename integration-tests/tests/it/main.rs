@@ -1,0 +1,17 @@
+//! Every integration test, in one binary: the harness and the daemon are linked once, not
+//! once per file. Each module is one area; `cargo test -p tally-integration-tests --test
+//! it <module>::` runs one area (e.g. `chaos::`, as `make chaos` does).
+
+mod broker;
+mod chaos;
+mod dlt_admin;
+mod first_run;
+mod flow;
+mod foundation;
+mod ledger;
+mod money_path;
+mod noida;
+mod notifications;
+mod orders;
+mod outage;
+mod stuck;
