@@ -112,7 +112,7 @@ impl Wiring<'_> {
         Supervision {
             pipeline: name.into(),
             policy: retry.policy(),
-            dead_letters: self.dead_letters(group_id, stopping),
+            dead_letters: Arc::new(self.dead_letters(group_id, stopping)),
             metrics: self.metrics.clone(),
             in_retry: Arc::default(),
             health: Arc::default(),

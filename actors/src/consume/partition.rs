@@ -33,21 +33,81 @@ impl Default for PartitionShared {
     }
 }
 
+/// The bookkeeping of one partition's records, without the actor (plain, unit-tested):
+/// which offsets are in flight, the contiguous completed watermark, the records abandoned
+/// because the pipeline is stopping (their offsets stay uncommitted), and whether a drain
+/// has nothing left to wait for.
+#[derive(Debug)]
+pub struct PartitionBook {
+    tracker: OffsetTracker,
+    abandoned: usize,
+    draining: bool,
+}
+
+impl Default for PartitionBook {
+    fn default() -> Self {
+        Self { tracker: OffsetTracker::new(), abandoned: 0, draining: false }
+    }
+}
+
+impl PartitionBook {
+    /// A record was handed to its worker.
+    pub fn begin(&mut self, offset: i64) {
+        self.tracker.begin(offset);
+    }
+
+    /// A record finished (handled or dead-lettered); the new watermark when it moved.
+    pub fn complete(&mut self, offset: i64) -> Option<i64> {
+        self.tracker.complete(offset)
+    }
+
+    /// A record was left unfinished because the pipeline is stopping: a drain does not
+    /// wait for it, and the watermark stays below it.
+    pub fn abandon(&mut self) {
+        self.abandoned += 1;
+    }
+
+    /// A drain began: no more records will begin.
+    pub fn start_drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// Nothing left to wait for: every record begun finished or was abandoned.
+    #[must_use]
+    pub fn drained(&self) -> bool {
+        self.tracker.in_flight() - self.tracker.completed_ahead() <= self.abandoned
+    }
+
+    /// A drain is under way and has nothing left to wait for.
+    #[must_use]
+    pub fn drain_complete(&self) -> bool {
+        self.draining && self.drained()
+    }
+
+    /// Records begun and not yet below the watermark.
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        self.tracker.in_flight()
+    }
+
+    /// When the oldest unfinished record began.
+    #[must_use]
+    pub fn oldest_started(&self) -> Option<std::time::Instant> {
+        self.tracker.oldest_started()
+    }
+}
+
 pub struct PartitionConsumer {
     topic: String,
     partition: i32,
-    tracker: OffsetTracker,
+    book: PartitionBook,
     shared: Arc<PartitionShared>,
     registry: Arc<Mutex<WorkerRegistry>>,
     intake: Option<(mpsc::Receiver<Arc<Record>>, Arc<Semaphore>)>,
     intake_handle: Option<SpawnHandle>,
     drain_waiters: Vec<std::sync::mpsc::Sender<()>>,
-    draining: bool,
     /// This assignment's lease, carried with each record to its worker.
     lease: Lease,
-    /// Records left unfinished because the pipeline is stopping: their offsets stay
-    /// uncommitted, and a drain does not wait for them.
-    abandoned: usize,
 }
 
 impl PartitionConsumer {
@@ -64,15 +124,13 @@ impl PartitionConsumer {
         Self {
             topic,
             partition,
-            tracker: OffsetTracker::new(),
+            book: PartitionBook::default(),
             shared,
             registry,
             intake: Some((rx, Arc::new(Semaphore::new(max_in_flight.max(1))))),
             intake_handle: None,
             drain_waiters: Vec::new(),
-            draining: false,
             lease,
-            abandoned: 0,
         }
     }
 
@@ -96,8 +154,8 @@ impl PartitionConsumer {
             // unfinished (uncommitted).
             Ok(Err(_stopping)) => {
                 drop(permit);
-                act.abandoned += 1;
-                if act.draining && act.drained() {
+                act.book.abandon();
+                if act.book.drain_complete() {
                     act.finish_drain();
                 }
             }
@@ -112,24 +170,19 @@ impl PartitionConsumer {
     }
 
     fn complete(&mut self, offset: i64) {
-        if let Some(watermark) = self.tracker.complete(offset) {
+        if let Some(watermark) = self.book.complete(offset) {
             self.shared.watermark.store(watermark, Ordering::Release);
         }
         // The oldest-age scan is linear in the records in flight: it runs on the timer.
-        self.shared.in_flight.store(self.tracker.in_flight(), Ordering::Relaxed);
-        if self.draining && self.drained() {
+        self.shared.in_flight.store(self.book.in_flight(), Ordering::Relaxed);
+        if self.book.drain_complete() {
             self.finish_drain();
         }
     }
 
-    /// Nothing left to wait for: every record received finished or was abandoned.
-    fn drained(&self) -> bool {
-        self.tracker.in_flight() - self.tracker.completed_ahead() <= self.abandoned
-    }
-
     fn publish_state(&self) {
-        self.shared.in_flight.store(self.tracker.in_flight(), Ordering::Relaxed);
-        let age = self.tracker.oldest_started().map_or(0, |t| t.elapsed().as_millis() as u64);
+        self.shared.in_flight.store(self.book.in_flight(), Ordering::Relaxed);
+        let age = self.book.oldest_started().map_or(0, |t| t.elapsed().as_millis() as u64);
         self.shared.oldest_age_ms.store(age, Ordering::Relaxed);
     }
 
@@ -160,7 +213,7 @@ impl Actor for PartitionConsumer {
 
 impl StreamHandler<(Arc<Record>, OwnedSemaphorePermit)> for PartitionConsumer {
     fn handle(&mut self, (record, permit): (Arc<Record>, OwnedSemaphorePermit), ctx: &mut Self::Context) {
-        self.tracker.begin(record.offset);
+        self.book.begin(record.offset);
         self.dispatch(record, permit, ctx);
     }
 
@@ -180,12 +233,12 @@ impl Handler<Drain> for PartitionConsumer {
     type Result = ();
 
     fn handle(&mut self, msg: Drain, ctx: &mut Self::Context) {
-        self.draining = true;
+        self.book.start_drain();
         if let Some(handle) = self.intake_handle.take() {
             ctx.cancel_future(handle);
         }
         self.drain_waiters.push(msg.done);
-        if self.drained() {
+        if self.book.drained() {
             self.finish_drain();
         }
     }
@@ -203,8 +256,49 @@ impl Handler<Release> for PartitionConsumer {
         // Records still running belong to their workers, which stay registered until they
         // finish (the lease, revoked by now, stops them at their next step): a new owner of
         // the partition on this instance queues behind them instead of racing them.
-        debug!(topic = %self.topic, partition = self.partition, unfinished = self.tracker.in_flight(),
+        debug!(topic = %self.topic, partition = self.partition, unfinished = self.book.in_flight(),
                "Partition consumer released.");
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drain_waits_for_every_record_begun() {
+        let mut book = PartitionBook::default();
+        for offset in 10..13 {
+            book.begin(offset);
+        }
+        assert!(!book.drain_complete(), "no drain yet");
+        book.start_drain();
+        assert_eq!(book.complete(11), None, "10 still runs: the watermark cannot pass it");
+        assert!(!book.drain_complete());
+        assert_eq!(book.complete(10), Some(11), "10 and 11 done");
+        assert!(!book.drain_complete(), "12 still runs");
+        assert_eq!(book.complete(12), Some(12));
+        assert!(book.drain_complete());
+        assert_eq!(book.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_abandoned_record_holds_the_watermark_but_not_the_drain() {
+        let mut book = PartitionBook::default();
+        book.begin(0);
+        book.begin(1);
+        book.start_drain();
+        book.abandon();
+        assert!(!book.drain_complete(), "one abandoned, one still running");
+        assert_eq!(book.complete(1), None, "the abandoned record stays uncommitted");
+        assert!(book.drain_complete(), "nothing left that could finish");
+    }
+
+    #[test]
+    fn an_idle_partition_drains_at_once() {
+        let mut book = PartitionBook::default();
+        book.start_drain();
+        assert!(book.drain_complete());
     }
 }

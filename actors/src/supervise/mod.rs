@@ -21,6 +21,7 @@ use tracing::warn;
 
 pub use crate::store::dead_letters::{headers_json, store_dead_letter, DeadLetterRow};
 pub use dlt::{dlt_headers, is_permanent_dlt_error, DeadLetters, Stopping};
+
 pub use health::{Degradation, DependencyHealth, DependencyWait};
 pub use policy::{classify_server_message, Classify, ErrorClass, HandlerError, RetryPolicy, PROBE_MAX};
 
@@ -35,6 +36,43 @@ pub trait RecordHandler: Send + Sync + 'static {
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>>;
 }
 
+/// Where supervision sends a record it gives up on (exhausted or poison). The daemon's is
+/// [`DeadLetters`]; the retry-then-dead-letter loop is tested over a sink that records
+/// what it got.
+pub trait DeadLetterSink: Send + Sync {
+    /// Writes `record` as a dead letter of `kind` after `attempts` attempts.
+    ///
+    /// # Errors
+    /// [`Stopping`] when the write could not happen before the pipeline stopped or the
+    /// record's lease ended: the record stays uncommitted.
+    fn publish<'a>(
+        &'a self,
+        record: &'a Record,
+        kind: &'a str,
+        message: &'a str,
+        attempts: u32,
+    ) -> BoxFuture<'a, Result<(), Stopping>>;
+
+    /// Whether the pipeline is stopping.
+    fn is_stopping(&self) -> bool;
+}
+
+impl DeadLetterSink for DeadLetters {
+    fn publish<'a>(
+        &'a self,
+        record: &'a Record,
+        kind: &'a str,
+        message: &'a str,
+        attempts: u32,
+    ) -> BoxFuture<'a, Result<(), Stopping>> {
+        DeadLetters::publish(self, record, kind, message, attempts).boxed()
+    }
+
+    fn is_stopping(&self) -> bool {
+        DeadLetters::is_stopping(self)
+    }
+}
+
 /// How a record ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Completion {
@@ -46,7 +84,7 @@ pub enum Completion {
 pub struct Supervision {
     pub pipeline: String,
     pub policy: RetryPolicy,
-    pub dead_letters: DeadLetters,
+    pub dead_letters: Arc<dyn DeadLetterSink>,
     pub metrics: Metrics,
     /// Records currently waiting in blocking retry (keys held back).
     pub in_retry: Arc<std::sync::atomic::AtomicUsize>,
@@ -154,6 +192,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::store::{build_pool, PoolSettings};
+    use tally_schema::headers::dlt_kind;
 
     /// Answers each call with the next of `script` (then `Ok`), counting calls.
     struct Scripted {
@@ -205,7 +244,7 @@ pub(crate) mod tests {
                 multiplier: 1.0,
                 max: Duration::from_millis(1),
             },
-            dead_letters: DeadLetters::new(producer, "g".into(), metrics.clone(), stopping, pool),
+            dead_letters: Arc::new(DeadLetters::new(producer, "g".into(), metrics.clone(), stopping, pool)),
             metrics,
             in_retry: Arc::default(),
             health: Arc::default(),
@@ -286,7 +325,77 @@ pub(crate) mod tests {
         let lease = Lease::new();
         lease.revoke();
         let r = record();
-        let write = lease.scope(s.dead_letters.publish(&r, "poison", "bad", 1));
+        let write = lease.scope(s.dead_letters.publish(&r, dlt_kind::POISON, "bad", 1));
         assert_eq!(tokio::time::timeout(Duration::from_secs(5), write).await, Ok(Err(Stopping)));
+    }
+
+    /// Records what it is given; `Stopping` for every write when `refuse`.
+    #[derive(Default)]
+    struct RecordingSink {
+        written: Mutex<Vec<(String, String, u32)>>,
+        refuse: bool,
+    }
+
+    impl DeadLetterSink for RecordingSink {
+        fn publish<'a>(
+            &'a self,
+            _: &'a Record,
+            kind: &'a str,
+            message: &'a str,
+            attempts: u32,
+        ) -> BoxFuture<'a, Result<(), Stopping>> {
+            if !self.refuse {
+                self.written.lock().expect("sink").push((kind.into(), message.into(), attempts));
+            }
+            let refuse = self.refuse;
+            Box::pin(async move {
+                if refuse {
+                    Err(Stopping)
+                } else {
+                    Ok(())
+                }
+            })
+        }
+
+        fn is_stopping(&self) -> bool {
+            false
+        }
+    }
+
+    fn with_sink(max_retries: u32, sink: &Arc<RecordingSink>) -> Supervision {
+        Supervision { dead_letters: Arc::clone(sink) as Arc<dyn DeadLetterSink>, ..supervision(max_retries) }
+    }
+
+    #[tokio::test]
+    async fn transient_errors_are_retried_then_dead_lettered_as_exhausted() {
+        let sink = Arc::new(RecordingSink::default());
+        let s = with_sink(3, &sink);
+        let (h, calls) = scripted((0..10).map(|_| HandlerError::transient("lock timeout")).collect());
+        assert_eq!(run(&s, &h, Lease::new()).await, Ok(Completion::DeadLettered));
+        assert_eq!(calls.load(Ordering::SeqCst), 4, "the first attempt and three retries");
+        let written = sink.written.lock().expect("sink").clone();
+        assert_eq!(written, [(dlt_kind::EXHAUSTED.into(), "lock timeout".into(), 4)]);
+        assert_eq!(s.in_retry.load(Ordering::SeqCst), 0, "no key left counted in retry");
+    }
+
+    #[tokio::test]
+    async fn poison_is_dead_lettered_at_once_and_a_success_never() {
+        let sink = Arc::new(RecordingSink::default());
+        let s = with_sink(5, &sink);
+        let (h, calls) = scripted(vec![HandlerError::poison("undecodable")]);
+        assert_eq!(run(&s, &h, Lease::new()).await, Ok(Completion::DeadLettered));
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "no retry for poison");
+        let (h, _) = scripted(vec![HandlerError::transient("blip")]);
+        assert_eq!(run(&s, &h, Lease::new()).await, Ok(Completion::Handled("handled")), "one retry got through");
+        let written = sink.written.lock().expect("sink").clone();
+        assert_eq!(written, [(dlt_kind::POISON.into(), "undecodable".into(), 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_dead_letter_that_cannot_be_written_leaves_the_record_unfinished() {
+        let sink = Arc::new(RecordingSink { refuse: true, ..RecordingSink::default() });
+        let s = with_sink(0, &sink);
+        let (h, _) = scripted(vec![HandlerError::transient("lock timeout")]);
+        assert_eq!(run(&s, &h, Lease::new()).await, Err(Stopping), "never reported as dead-lettered");
     }
 }

@@ -1,0 +1,43 @@
+//! What a pipeline consumes and how: its group, topics, bounds and consumer settings.
+
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+
+/// What a pipeline consumes and how.
+#[derive(Debug, Clone)]
+pub struct PipelineSpec {
+    /// Pipeline name, used in metrics labels and logs (e.g. `ledger`).
+    pub name: String,
+    pub group_id: String,
+    pub topics: Vec<String>,
+    /// Consumer settings ([`crate::kafka::KafkaClients::group_consumer`]); the pipeline
+    /// sets its group and manual offset storage on top.
+    pub client: ClientConfig,
+    /// Records in flight per partition before the partition stops fetching.
+    pub max_in_flight: usize,
+    /// Offsets at most between a partition's completed watermark and the newest record
+    /// taken; past it the partition is held until the head of line completes.
+    pub max_uncommitted: usize,
+    /// Live keyed workers at most (least recently used idle ones are passivated first).
+    pub max_live_workers: usize,
+    /// Workers idle this long are passivated.
+    pub idle_after: Duration,
+    /// Longest wait for in-flight work when a partition is revoked or the pipeline stops.
+    pub drain_timeout: Duration,
+    /// Commit after every completed record (the bench's classic-consumer baseline).
+    pub commit_each: bool,
+    /// Header holding a record's due time (epoch milliseconds), for retry topics: a record
+    /// not yet due is held and its partition paused until then, without holding up other
+    /// partitions.
+    pub due_header: Option<String>,
+}
+
+impl PipelineSpec {
+    pub(super) fn consumer_config(&self) -> ClientConfig {
+        let mut c = self.client.clone();
+        // Not overridable: correctness depends on them.
+        c.set("group.id", &self.group_id).set("enable.auto.offset.store", "false");
+        c
+    }
+}
