@@ -1,0 +1,166 @@
+//! `[kafka]`: the cluster (or the embedded broker), topic names and topic creation, and
+//! the librdkafka pass-through properties.
+
+use super::*;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// `"embedded"` (an in-process librdkafka mock cluster) or a bootstrap list.
+    pub brokers: String,
+    /// Number of brokers of the embedded mock cluster.
+    pub embedded_brokers: i32,
+    pub partitions: i32,
+    pub replication_factor: i32,
+    /// Create missing topics (and their `-dlt` twins) when the daemon starts. Topics are
+    /// looked up first; only missing ones are created. Off: missing topics are reported.
+    pub create_topics: bool,
+    /// Bound of the topic lookup and of topic creation at start.
+    pub admin_timeout_ms: u64,
+    /// `retention.ms` of every topic tally creates (default 7 days; -1: keep forever).
+    pub retention_ms: i64,
+    /// Topic-level configs per topic name, applied when tally creates that topic, over
+    /// the defaults (`min.insync.replicas = min(2, replication_factor)`, `retention.ms`).
+    /// E.g. `[kafka.topic_configs."transfers.requested-dlt"]` `"retention.ms" = "-1"`.
+    pub topic_configs: BTreeMap<String, BTreeMap<String, String>>,
+    pub topics: TopicsConfig,
+    /// librdkafka properties passed through to every producer.
+    pub producer: ClientProperties,
+    /// librdkafka properties passed through to every consumer.
+    pub consumer: ClientProperties,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopicsConfig {
+    pub transfers_requested: String,
+    pub transfers_analyzed: String,
+    pub transfers_rejected: String,
+    pub transfers_settled: String,
+    pub orders_received: String,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            brokers: "embedded".into(),
+            embedded_brokers: 3,
+            partitions: 12,
+            replication_factor: 1,
+            create_topics: true,
+            admin_timeout_ms: 10_000,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            topic_configs: BTreeMap::new(),
+            topics: TopicsConfig::default(),
+            producer: ClientProperties::default(),
+            consumer: ClientProperties::default(),
+        }
+    }
+}
+
+impl Default for TopicsConfig {
+    fn default() -> Self {
+        use tally_schema::topics;
+        Self {
+            transfers_requested: topics::TRANSFERS_REQUESTED.into(),
+            transfers_analyzed: topics::TRANSFERS_ANALYZED.into(),
+            transfers_rejected: topics::TRANSFERS_REJECTED.into(),
+            transfers_settled: topics::TRANSFERS_SETTLED.into(),
+            orders_received: topics::ORDERS_RECEIVED.into(),
+        }
+    }
+}
+
+impl TopicsConfig {
+    /// Every source topic, in a fixed order.
+    #[must_use]
+    pub fn sources(&self) -> Vec<&str> {
+        vec![
+            &self.transfers_requested,
+            &self.transfers_analyzed,
+            &self.transfers_rejected,
+            &self.transfers_settled,
+            &self.orders_received,
+        ]
+    }
+
+    /// Every topic tally uses: each source topic and its `-dlt` twin.
+    #[must_use]
+    pub fn all(&self) -> Vec<String> {
+        self.sources().into_iter().flat_map(|t| [t.to_owned(), tally_schema::topics::dlt(t)]).collect()
+    }
+}
+
+impl KafkaConfig {
+    /// The builder of every Kafka client's settings, with this configuration's
+    /// pass-through properties.
+    #[must_use]
+    pub fn clients(&self, bootstrap: &str) -> tally_actors::kafka::KafkaClients {
+        tally_actors::kafka::KafkaClients::new(bootstrap, (*self.consumer).clone(), (*self.producer).clone())
+    }
+
+    #[must_use]
+    pub fn is_embedded(&self) -> bool {
+        self.brokers == "embedded"
+    }
+
+    /// The producers' `message.max.bytes` (librdkafka's default unless passed through);
+    /// `None` when the configured value is not a positive integer.
+    #[must_use]
+    pub fn max_message_bytes(&self) -> Option<usize> {
+        match self.producer.get("message.max.bytes") {
+            None => Some(DEFAULT_MESSAGE_MAX_BYTES),
+            Some(v) => v.trim().parse::<usize>().ok().filter(|n| *n > 0),
+        }
+    }
+}
+
+/// Bytes a record adds to the request body it is built from: the event's own fields (ids,
+/// timestamps, score), its headers (`event-id`, `event-type`, `traceparent`) and Kafka's
+/// record framing, with room to spare.
+pub const RECORD_OVERHEAD_BYTES: usize = 4 * 1024;
+
+/// librdkafka's default `message.max.bytes`.
+pub(super) const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
+pub(super) fn valid_topic_name(name: &str) -> bool {
+    (1..=200).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+impl KafkaConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.brokers.trim().is_empty() {
+            return invalid("kafka.brokers", "must be \"embedded\" or a bootstrap list");
+        }
+        if !(1..=10).contains(&self.embedded_brokers) {
+            return invalid("kafka.embedded_brokers", "must be between 1 and 10");
+        }
+        if !(1..=1000).contains(&self.partitions) {
+            return invalid("kafka.partitions", "must be between 1 and 1000");
+        }
+        if self.replication_factor < 1 || (self.is_embedded() && self.replication_factor > self.embedded_brokers) {
+            return invalid(
+                "kafka.replication_factor",
+                "must be at least 1 and, for the embedded broker, at most kafka.embedded_brokers",
+            );
+        }
+        if !(1_000..=300_000).contains(&self.admin_timeout_ms) {
+            return invalid("kafka.admin_timeout_ms", "must be between 1000 and 300000");
+        }
+        if self.retention_ms != -1 && self.retention_ms < 60_000 {
+            return invalid("kafka.retention_ms", "must be -1 (keep forever) or at least 60000 (one minute)");
+        }
+        let topics = self.topics.all();
+        if topics.iter().any(|t| !valid_topic_name(t)) {
+            return invalid("kafka.topics", "names must be 1..=200 characters of [a-zA-Z0-9._-]");
+        }
+        let mut unique = topics.clone();
+        unique.sort();
+        unique.dedup();
+        if unique.len() != topics.len() {
+            return invalid("kafka.topics", "names must be distinct");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,53 @@
+//! `[ledger]`: settlement into the double-entry ledger.
+
+use super::*;
+
+/// The highest `ledger.max_balance_cents` allowed: nine such balances still sum inside an
+/// i64, and PostgreSQL sums balances as numeric anyway.
+pub(super) const MAX_BALANCE_CEILING: i64 = 1_000_000_000_000_000_000;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LedgerConfig {
+    pub group_id: String,
+    /// Transfers settled per database transaction at most.
+    pub batch_size: usize,
+    /// Settlement transactions running at once.
+    pub max_concurrent_batches: usize,
+    /// How long a partial batch waits for more transfers while another batch runs.
+    pub linger_ms: u64,
+    /// The ceiling of every balance and amount, in cents. Intake refuses a larger opening
+    /// balance or amount (422); settlement rejects a credit that would pass it
+    /// (BALANCE_LIMIT_EXCEEDED). Keeps every sum far from 64-bit overflow.
+    pub max_balance_cents: i64,
+    pub retry: RetryConfig,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            group_id: "tally-ledger".into(),
+            batch_size: 200,
+            max_concurrent_batches: 4,
+            linger_ms: 2,
+            max_balance_cents: 1_000_000_000_000_000,
+            retry: RetryConfig::default(),
+        }
+    }
+}
+
+impl LedgerConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        validate_group("ledger.group_id", &self.group_id)?;
+        if !(1..=5_000).contains(&self.batch_size) {
+            return invalid("ledger.batch_size", "must be between 1 and 5000");
+        }
+        if self.max_concurrent_batches == 0 {
+            return invalid("ledger.max_concurrent_batches", "must be between 1 and database.pool_size");
+        }
+        if !(1..=MAX_BALANCE_CEILING).contains(&self.max_balance_cents) {
+            return invalid("ledger.max_balance_cents", "must be between 1 and 1000000000000000000 (10^18)");
+        }
+        self.retry.validate("ledger.retry")
+    }
+}

@@ -1,0 +1,311 @@
+//! Typed, layered configuration: built-in defaults -> optional TOML file ->
+//! `TALLY__SECTION__KEY` environment variables. Validated at start-up; every error names the
+//! offending key. Secrets are wrapped in [`Secret`] and never printed.
+//!
+//! One module per section, each with its defaults and its own `validate`; this module
+//! holds the whole (`Config`), its loading, and the checks that span sections.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+mod antifraud;
+mod consumer;
+mod database;
+mod duration;
+mod http;
+mod instance;
+mod kafka;
+mod ledger;
+mod notifications;
+mod outbox;
+mod secrets;
+mod stages;
+
+pub use antifraud::AntifraudConfig;
+use consumer::validate_group;
+pub use consumer::{ConsumerConfig, PipelinesConfig, RetryConfig};
+pub use database::DatabaseConfig;
+pub use http::HttpConfig;
+pub use instance::{InstanceConfig, LogConfig, LogFormat};
+pub use kafka::{KafkaConfig, TopicsConfig, RECORD_OVERHEAD_BYTES};
+pub use ledger::LedgerConfig;
+pub use notifications::NotificationsConfig;
+pub use outbox::OutboxConfig;
+pub use secrets::{ClientProperties, Secret, SecretUrl};
+pub use stages::{OrdersConfig, ProjectionConfig};
+
+/// A configuration error that names the key at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("invalid configuration: `{key}` {problem}")]
+    Invalid { key: &'static str, problem: String },
+    #[error("configuration file {0} does not exist")]
+    MissingFile(String),
+}
+
+/// A failed check of `key`.
+fn invalid(key: &'static str, problem: impl Into<String>) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid { key, problem: problem.into() })
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub instance: InstanceConfig,
+    pub database: DatabaseConfig,
+    pub kafka: KafkaConfig,
+    pub http: HttpConfig,
+    pub outbox: OutboxConfig,
+    pub pipelines: PipelinesConfig,
+    pub consumer: ConsumerConfig,
+    pub ledger: LedgerConfig,
+    pub antifraud: AntifraudConfig,
+    pub projection: ProjectionConfig,
+    pub orders: OrdersConfig,
+    pub notifications: NotificationsConfig,
+    pub log: LogConfig,
+}
+
+impl Config {
+    /// Every topic to create: the source topics, their `-dlt` twins, and the notification
+    /// retry topics.
+    #[must_use]
+    pub fn topics_to_create(&self) -> Vec<String> {
+        let mut all = self.kafka.topics.all();
+        let t = &self.kafka.topics;
+        for delay in self.notifications.delays_ms() {
+            for source in [&t.transfers_settled, &t.transfers_rejected] {
+                all.push(tally_schema::topics::retry(source, delay));
+            }
+        }
+        all.dedup();
+        all
+    }
+}
+
+impl Config {
+    /// Loads defaults, then `file` (if given), then `TALLY__*` environment variables, and
+    /// validates the result.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the key that is missing, mistyped, unknown or out of range.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::MissingFile(path.display().to_string()));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment.merge(Env::prefixed("TALLY__").split("__"));
+        Self::from_figment(&figment)
+    }
+
+    /// Extracts and validates a configuration from `figment`.
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn from_figment(figment: &Figment) -> Result<Self, ConfigError> {
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges and relations that types cannot express.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first key at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.instance.validate()?;
+        self.database.validate()?;
+        self.kafka.validate()?;
+        let created = self.topics_to_create();
+        if let Some(unknown) = self.kafka.topic_configs.keys().find(|t| !created.contains(t)) {
+            return invalid("kafka.topic_configs", format!("names {unknown}, which is not a topic tally creates"));
+        }
+        self.http.validate()?;
+        let Some(max_message) = self.kafka.max_message_bytes() else {
+            return invalid("kafka.producer", "\"message.max.bytes\" must be a positive integer");
+        };
+        if self.http.body_limit_bytes.saturating_add(RECORD_OVERHEAD_BYTES) > max_message {
+            return invalid(
+                "http.body_limit_bytes",
+                format!(
+                    "is {} bytes: a record built from such a body (plus {RECORD_OVERHEAD_BYTES} bytes of event \
+                     fields and headers) would exceed the producer's message.max.bytes ({max_message}); lower \
+                     http.body_limit_bytes or raise kafka.producer.\"message.max.bytes\" (and the topics' \
+                     max.message.bytes)",
+                    self.http.body_limit_bytes
+                ),
+            );
+        }
+        self.outbox.validate()?;
+        if self.outbox.concurrency >= self.database.pool_size {
+            return invalid("outbox.concurrency", "must be between 1 and 8, and below database.pool_size");
+        }
+        self.consumer.validate()?;
+        self.ledger.validate()?;
+        if self.ledger.max_concurrent_batches > self.database.pool_size {
+            return invalid("ledger.max_concurrent_batches", "must be between 1 and database.pool_size");
+        }
+        self.antifraud.validate()?;
+        self.projection.validate()?;
+        self.orders.validate()?;
+        if self.orders.group_id == self.ledger.group_id {
+            return invalid("orders.group_id", "must differ from ledger.group_id");
+        }
+        self.notifications.validate()?;
+        self.log.validate()?;
+        Ok(())
+    }
+
+    /// The effective configuration as TOML (`tally config`). Every secret type prints
+    /// itself redacted, so nothing here needs to know which fields are secret.
+    #[must_use]
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(toml: &str) -> Result<Config, ConfigError> {
+        let figment = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml));
+        Config::from_figment(&figment)
+    }
+
+    #[test]
+    fn defaults_are_valid_and_match_design() {
+        let c = with("").unwrap();
+        assert_eq!(c.http.intake_addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.http.admin_addr.to_string(), "127.0.0.1:9090");
+        assert_eq!(c.database.url.expose(), "postgres://postgres@127.0.0.1:5432/tally");
+        assert!(c.kafka.is_embedded());
+        assert_eq!(c.kafka.partitions, 12);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let e = with("[database]\npool_size = 0").unwrap_err().to_string();
+        assert!(e.contains("database.pool_size"), "{e}");
+        let e = with("[outbox]\nbatch_size = \"many\"").unwrap_err().to_string();
+        assert!(e.contains("batch_size"), "{e}");
+        let e = with("[http]\nintake_adr = \"127.0.0.1:1\"").unwrap_err().to_string();
+        assert!(e.contains("intake_adr"), "{e}");
+        let e = with("[database]\nurl = \"mysql://x\"").unwrap_err().to_string();
+        assert!(e.contains("database.url"), "{e}");
+    }
+
+    #[test]
+    fn the_uncommitted_window_is_validated_against_max_in_flight() {
+        let c = with("").unwrap();
+        assert_eq!(c.consumer.max_uncommitted, 10_000);
+        let e = with("[consumer]\nmax_in_flight = 64\nmax_uncommitted = 63").unwrap_err().to_string();
+        assert!(e.contains("consumer.max_uncommitted") && e.contains("consumer.max_in_flight"), "{e}");
+        assert!(with("[consumer]\nmax_in_flight = 64\nmax_uncommitted = 64").is_ok());
+    }
+
+    #[test]
+    fn a_transaction_call_waits_at_most_the_transaction_timeout() {
+        let e = with("[antifraud]\ntransaction_timeout_ms = 2000\ncall_timeout_ms = 2001").unwrap_err().to_string();
+        assert!(e.contains("antifraud.call_timeout_ms"), "{e}");
+        assert!(with("[antifraud]\ncall_timeout_ms = 0").is_err());
+        assert!(with("[antifraud]\ntransaction_timeout_ms = 2000\ncall_timeout_ms = 2000").is_ok());
+    }
+
+    #[test]
+    fn orders_pipeline_is_on_by_default_and_validated() {
+        let c = with("").unwrap();
+        assert!(c.pipelines.orders);
+        assert_eq!(c.orders.group_id, "tally-orders");
+        assert_eq!(c.orders.retry.max_retries, 5);
+        let c =
+            with("[pipelines]\norders = false\n[orders]\ngroup_id = \"g\"\n[orders.retry]\nmax_retries = 2").unwrap();
+        assert!(!c.pipelines.orders);
+        assert_eq!((c.orders.group_id.as_str(), c.orders.retry.max_retries), ("g", 2));
+        let e = with("[orders]\ngroup_id = \" \"").unwrap_err().to_string();
+        assert!(e.contains("orders.group_id"), "{e}");
+        let e = with("[orders]\ngroup_id = \"tally-ledger\"").unwrap_err().to_string();
+        assert!(e.contains("orders.group_id"), "{e}");
+        let e = with("[orders.retry]\ninitial_ms = 0").unwrap_err().to_string();
+        assert!(e.contains("orders.retry"), "{e}");
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure type, not ours
+    fn environment_overrides_file() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("tally.toml", "[outbox]\nbatch_size = 7\n[kafka]\nbrokers = \"a:1\"")?;
+            jail.set_env("TALLY__OUTBOX__BATCH_SIZE", "9");
+            jail.set_env("TALLY__HTTP__ADMIN_TOKEN", "s3cret");
+            let c = Config::load(Some(Path::new("tally.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(c.outbox.batch_size, 9);
+            assert_eq!(c.kafka.brokers, "a:1");
+            assert_eq!(c.http.admin_token.expose(), "s3cret");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let mut c = Config::default();
+        c.http.admin_token = Secret::new("s3cret-token");
+        c.database.url = SecretUrl::new("postgres://app:hunter2@db:5432/tally?sslmode=require&password=hunter3");
+        c.notifications.webhook_secret = Secret::new("s3cret-hook");
+        c.kafka.producer.insert("sasl.password".into(), "s3cret-sasl".into());
+        c.kafka.consumer.insert("ssl.key.pem".into(), "s3cret-pem".into());
+        c.kafka.producer.insert("linger.ms".into(), "7".into());
+        let shown = c.to_redacted_toml();
+        let debug = format!("{c:?}");
+        for secret in ["s3cret", "hunter2", "hunter3"] {
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(!debug.contains(secret), "{debug}");
+        }
+        assert!(
+            shown.contains("postgres://app:<redacted>@db:5432/tally?sslmode=require&password=<redacted>"),
+            "{shown}"
+        );
+        assert!(shown.contains("\"linger.ms\" = \"7\""), "{shown}");
+        assert_eq!(c.notifications.webhook_secret.to_string(), "<redacted>");
+        assert_eq!(Secret::default().to_string(), "", "an unset secret shows as unset");
+    }
+
+    #[test]
+    fn defaults_survive_the_redacting_serialisation() {
+        // Figment layers the defaults through `Serialize`: an unset secret stays unset and a
+        // URL without a password stays usable.
+        let c = with("").unwrap();
+        assert!(c.http.admin_token.is_empty());
+        assert_eq!(c.database.url.expose(), "postgres://postgres@127.0.0.1:5432/tally");
+    }
+
+    #[test]
+    fn the_body_limit_must_fit_a_record() {
+        let e = with("[http]\nbody_limit_bytes = 2000000").unwrap_err().to_string();
+        assert!(e.contains("http.body_limit_bytes") && e.contains("message.max.bytes"), "{e}");
+        with("[http]\nbody_limit_bytes = 2000000\n[kafka.producer]\n\"message.max.bytes\" = \"3000000\"").unwrap();
+        let e = with("[kafka.producer]\n\"message.max.bytes\" = \"lots\"").unwrap_err().to_string();
+        assert!(e.contains("kafka.producer"), "{e}");
+    }
+
+    #[test]
+    fn topic_configs_name_known_topics() {
+        with("[kafka.topic_configs.\"transfers.requested-dlt\"]\n\"retention.ms\" = \"-1\"").unwrap();
+        let e = with("[kafka.topic_configs.\"nope\"]\n\"retention.ms\" = \"1\"").unwrap_err().to_string();
+        assert!(e.contains("kafka.topic_configs") && e.contains("nope"), "{e}");
+        let e = with("[kafka]\nretention_ms = 5").unwrap_err().to_string();
+        assert!(e.contains("kafka.retention_ms"), "{e}");
+    }
+}

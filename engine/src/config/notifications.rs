@@ -1,0 +1,85 @@
+//! `[notifications]`: webhook delivery with non-blocking retry topics.
+
+use super::*;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NotificationsConfig {
+    /// Where events are POSTed. Empty: the notifications pipeline does not run.
+    pub webhook_url: String,
+    /// HMAC-SHA256 key of the `X-Tally-Signature` header.
+    pub webhook_secret: Secret,
+    pub timeout_ms: u64,
+    pub group_id: String,
+    /// Non-blocking retry topics: first delay, multiplier, longest delay,
+    /// and attempts in all (the first plus one per retry topic).
+    pub retry_initial_ms: u64,
+    pub retry_multiplier: f64,
+    pub retry_max_ms: u64,
+    pub max_attempts: u32,
+    /// Blocking retry for the database or broker being unavailable.
+    pub retry: RetryConfig,
+}
+
+impl Default for NotificationsConfig {
+    fn default() -> Self {
+        Self {
+            webhook_url: String::new(),
+            webhook_secret: Secret::default(),
+            timeout_ms: 5_000,
+            group_id: "tally-notifications".into(),
+            retry_initial_ms: 1_000,
+            retry_multiplier: 2.0,
+            retry_max_ms: 30_000,
+            max_attempts: 4,
+            retry: RetryConfig::default(),
+        }
+    }
+}
+
+impl NotificationsConfig {
+    /// The delay of each retry topic, in order.
+    #[must_use]
+    pub fn delays_ms(&self) -> Vec<u64> {
+        tally_actors::notify::retry_delays(
+            self.retry_initial_ms,
+            self.retry_multiplier,
+            self.retry_max_ms,
+            self.max_attempts,
+        )
+    }
+}
+
+impl NotificationsConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let http_url = self.webhook_url.starts_with("http://") || self.webhook_url.starts_with("https://");
+        if !self.webhook_url.is_empty() && !http_url {
+            return invalid("notifications.webhook_url", "must be an http:// or https:// URL (or empty to disable)");
+        }
+        if !self.webhook_url.is_empty() && self.webhook_secret.is_empty() {
+            return invalid("notifications.webhook_secret", "must be set when notifications.webhook_url is");
+        }
+        if self.timeout_ms == 0 || self.retry_initial_ms == 0 || self.retry_max_ms < self.retry_initial_ms {
+            return invalid(
+                "notifications.retry_initial_ms",
+                "needs timeout_ms > 0, retry_initial_ms > 0 and retry_max_ms >= retry_initial_ms",
+            );
+        }
+        if !(1.0..=10.0).contains(&self.retry_multiplier) {
+            return invalid("notifications.retry_multiplier", "must be between 1 and 10");
+        }
+        if !(1..=10).contains(&self.max_attempts) {
+            return invalid("notifications.max_attempts", "must be between 1 and 10");
+        }
+        let mut delays = self.delays_ms();
+        delays.dedup();
+        if delays.len() != self.delays_ms().len() {
+            return invalid(
+                "notifications.retry_max_ms",
+                "caps two retry delays to the same value; retry topics must differ",
+            );
+        }
+        validate_group("notifications.group_id", &self.group_id)?;
+        self.retry.validate("notifications.retry")
+    }
+}
