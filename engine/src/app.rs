@@ -124,20 +124,21 @@ pub async fn start_with(
     let pool_settings = PoolSettings {
         url: config.database.url.expose().to_owned(),
         max_size: config.database.pool_size,
-        statement_timeout: Duration::from_millis(config.database.statement_timeout_ms),
-        connect_timeout: Duration::from_millis(config.database.connect_timeout_ms),
+        statement_timeout: config.database.statement_timeout,
+        connect_timeout: config.database.connect_timeout,
         application_name: "tally".into(),
     };
     let pool = build_pool(&pool_settings).context("cannot build the database pool")?;
 
     let producer: FutureProducer =
-        kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-outbox", config.outbox.send_timeout_ms)
+        kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-outbox", config.outbox.send_timeout)
             .create()
             .context("cannot create the outbox producer (check kafka.producer settings)")?;
 
-    let dlt_producer: FutureProducer = kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-dlt", 30_000)
-        .create()
-        .context("cannot create the dead-letter producer (check kafka.producer settings)")?;
+    let dlt_producer: FutureProducer =
+        kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-dlt", Duration::from_secs(30))
+            .create()
+            .context("cannot create the dead-letter producer (check kafka.producer settings)")?;
     let shared = pipelines::Wiring {
         config: &config,
         bootstrap: &kafka.bootstrap,
@@ -174,11 +175,11 @@ pub async fn start_with(
     if config.pipelines.outbox {
         let relay = OutboxRelay::new(pool.clone(), producer.clone(), metrics.clone(), config.outbox.batch_size);
         let settings = PublisherSettings {
-            poll_interval: config.outbox.poll_interval(),
-            retention: Duration::from_secs(config.outbox.retention_secs),
-            cleanup_interval: Duration::from_secs(config.outbox.cleanup_interval_secs),
-            backoff_initial: Duration::from_millis(config.outbox.backoff_initial_ms),
-            backoff_max: Duration::from_millis(config.outbox.backoff_max_ms),
+            poll_interval: config.outbox.poll_interval,
+            retention: config.outbox.retention,
+            cleanup_interval: config.outbox.cleanup_interval,
+            backoff_initial: config.outbox.backoff_initial,
+            backoff_max: config.outbox.backoff_max,
             concurrency: config.outbox.concurrency,
             claim_until_empty: !parts.outbox_one_batch_per_poll,
         };

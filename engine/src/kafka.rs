@@ -25,8 +25,8 @@ use crate::config::{Config, KafkaConfig};
 
 /// Producer settings (see [`tally_actors::kafka::KafkaClients::producer`]).
 #[must_use]
-pub fn producer_config(kafka: &KafkaConfig, bootstrap: &str, client_id: &str, send_timeout_ms: u64) -> ClientConfig {
-    kafka.clients(bootstrap).producer(client_id, Duration::from_millis(send_timeout_ms))
+pub fn producer_config(kafka: &KafkaConfig, bootstrap: &str, client_id: &str, send_timeout: Duration) -> ClientConfig {
+    kafka.clients(bootstrap).producer(client_id, send_timeout)
 }
 
 /// One topic tally needs, as it would create it.
@@ -127,7 +127,7 @@ pub fn plan_topics(wanted: &[TopicSpec], existing: &BTreeMap<String, i32>) -> Re
 /// Partition counts of every topic on the cluster, from one metadata request.
 async fn partition_counts(kafka: &KafkaConfig, bootstrap: &str) -> anyhow::Result<BTreeMap<String, i32>> {
     let config = kafka.clients(bootstrap).admin("tally-topics");
-    let timeout = Duration::from_millis(kafka.admin_timeout_ms);
+    let timeout = kafka.admin_timeout;
     let bootstrap = bootstrap.to_owned();
     tokio::task::spawn_blocking(move || {
         let client: BaseConsumer = config.create().context("cannot create the Kafka metadata client")?;
@@ -202,7 +202,7 @@ async fn create_through_admin_api(kafka: &KafkaConfig, missing: &[TopicSpec], bo
             )
         })
         .collect();
-    let timeout = Duration::from_millis(kafka.admin_timeout_ms);
+    let timeout = kafka.admin_timeout;
     let options = AdminOptions::new().operation_timeout(Some(timeout)).request_timeout(Some(timeout));
     let results = tokio::time::timeout(timeout + Duration::from_secs(1), admin.create_topics(&new_topics, &options))
         .await

@@ -15,7 +15,7 @@ use tally_actors::notify::{Notifier, NotifierSettings};
 use tally_actors::orders::OrderMaterializer;
 use tally_actors::projection::StatusProjector;
 use tally_actors::store::{PgPool, PoolSettings};
-use tally_actors::supervise::{DeadLetters, RetryPolicy, Supervision};
+use tally_actors::supervise::{DeadLetters, Supervision};
 use tally_actors::Metrics;
 
 use crate::config::{Config, RetryConfig};
@@ -32,18 +32,6 @@ pub struct Wiring<'a> {
     pub dlt_producer: FutureProducer,
     /// The ledger's settler when not the batched one ([`crate::app::Parts::settler`]).
     pub settler: Option<Arc<dyn Settler>>,
-}
-
-impl RetryConfig {
-    #[must_use]
-    pub fn policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            max_retries: self.max_retries,
-            initial: Duration::from_millis(self.initial_ms),
-            multiplier: self.multiplier,
-            max: Duration::from_millis(self.max_ms),
-        }
-    }
 }
 
 impl Wiring<'_> {
@@ -70,8 +58,8 @@ impl Wiring<'_> {
         let client = self.consumer_client(name);
         let c = &self.config.consumer;
         let worst_case = retry.policy().worst_case(attempt_timeout);
-        let drain_timeout = Duration::from_millis(c.drain_timeout_ms).max(worst_case);
-        if drain_timeout > Duration::from_millis(c.drain_timeout_ms) {
+        let drain_timeout = c.drain_timeout.max(worst_case);
+        if drain_timeout > c.drain_timeout {
             tracing::info!(
                 pipeline = name,
                 drain_timeout_ms = drain_timeout.as_millis() as u64,
@@ -86,7 +74,7 @@ impl Wiring<'_> {
             max_in_flight: c.max_in_flight,
             max_uncommitted: c.max_uncommitted,
             max_live_workers: c.max_live_workers,
-            idle_after: Duration::from_secs(c.idle_after_secs),
+            idle_after: c.idle_after,
             drain_timeout,
             commit_each: false,
             due_header: None,
@@ -95,7 +83,7 @@ impl Wiring<'_> {
 
     /// The longest a database attempt of a handler takes.
     fn statement_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.database.statement_timeout_ms)
+        self.config.database.statement_timeout
     }
 
     fn dead_letters(&self, group_id: &str, stopping: &Arc<AtomicBool>) -> DeadLetters {
@@ -141,7 +129,7 @@ impl Wiring<'_> {
             self.metrics.clone(),
             settler,
             if one_by_one { self.config.database.pool_size } else { cfg.max_concurrent_batches },
-            Duration::from_millis(cfg.linger_ms),
+            cfg.linger,
         )
         .start();
         let mut spec = self.spec(
@@ -240,14 +228,14 @@ impl Wiring<'_> {
             producer: self.config.kafka.clients(self.bootstrap).transactional_producer(
                 "tally-antifraud",
                 &transactional_id,
-                Duration::from_millis(cfg.transaction_timeout_ms),
+                cfg.transaction_timeout,
             ),
             transactional_id,
             block_limit: cfg.block_score,
             max_batch: cfg.batch_max_records,
-            max_batch_wait: Duration::from_millis(cfg.batch_max_wait_ms),
-            transaction_timeout: Duration::from_millis(cfg.transaction_timeout_ms),
-            call_timeout: Duration::from_millis(cfg.call_timeout_ms),
+            max_batch_wait: cfg.batch_max_wait,
+            transaction_timeout: cfg.transaction_timeout,
+            call_timeout: cfg.call_timeout,
             retry: cfg.retry.policy(),
             database: PoolSettings {
                 max_size: 2,
@@ -258,7 +246,7 @@ impl Wiring<'_> {
         let rules = RiskRules {
             base: cfg.base_score,
             amount_tiers: cfg.amount_tiers.clone(),
-            velocity_window: Duration::from_secs(cfg.velocity_window_secs),
+            velocity_window: cfg.velocity_window,
             velocity_max: cfg.velocity_max,
             velocity_points: cfg.velocity_points,
         };
@@ -293,14 +281,14 @@ impl Wiring<'_> {
                 NotifierSettings {
                     webhook_url: cfg.webhook_url.clone(),
                     secret: cfg.webhook_secret.expose().to_owned(),
-                    timeout: Duration::from_millis(cfg.timeout_ms),
+                    timeout: cfg.timeout,
                     delays_ms: delays.clone(),
                 },
             )
             .context("cannot build the webhook client")?,
         );
         let mut stages = Vec::with_capacity(delays.len() + 1);
-        let attempt_timeout = self.statement_timeout().max(Duration::from_millis(cfg.timeout_ms));
+        let attempt_timeout = self.statement_timeout().max(cfg.timeout);
         let main = self.spec("notifications", &cfg.group_id, sources.to_vec(), &cfg.retry, attempt_timeout);
         stages.push(main);
         for delay in &delays {

@@ -51,12 +51,11 @@ impl NotifierSettings {
     }
 }
 
-/// The retry delays: `initial`, x`multiplier`, at most `max`, for
-/// `max_attempts - 1` retries (1 s, x2, max 30 s, 4 attempts: 1000, 2000, 4000).
+/// The retry delays in milliseconds (they name the retry topics): the first
+/// `max_attempts - 1` waits of `curve` (1 s, x2, max 30 s, 4 attempts: 1000, 2000, 4000).
 #[must_use]
-pub fn retry_delays(initial_ms: u64, multiplier: f64, max_ms: u64, max_attempts: u32) -> Vec<u64> {
-    let curve = Backoff { initial: Duration::from_millis(initial_ms), multiplier, max: Duration::from_millis(max_ms) };
-    (0..max_attempts.saturating_sub(1)).map(|i| curve.nth(i).as_millis() as u64).collect()
+pub fn retry_delays(curve: Backoff, max_attempts: u32) -> Vec<u64> {
+    (0..max_attempts.saturating_sub(1)).map(|i| u64::try_from(curve.nth(i).as_millis()).unwrap_or(u64::MAX)).collect()
 }
 
 /// `sha256=<hex>` of HMAC-SHA256(`secret`, `body`).
@@ -245,9 +244,10 @@ mod tests {
 
     #[test]
     fn default_retry_delays() {
-        assert_eq!(retry_delays(1_000, 2.0, 30_000, 4), vec![1_000, 2_000, 4_000]);
-        assert_eq!(retry_delays(1_000, 2.0, 3_000, 4), vec![1_000, 2_000, 3_000]);
-        assert!(retry_delays(1_000, 2.0, 30_000, 1).is_empty());
+        let curve = |max| Backoff { initial: Duration::from_secs(1), multiplier: 2.0, max: Duration::from_millis(max) };
+        assert_eq!(retry_delays(curve(30_000), 4), vec![1_000, 2_000, 4_000]);
+        assert_eq!(retry_delays(curve(3_000), 4), vec![1_000, 2_000, 3_000]);
+        assert!(retry_delays(curve(30_000), 1).is_empty());
     }
 
     #[test]

@@ -59,8 +59,10 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
         bail!("need at least one row and a positive rate");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let modes =
-        [("tally", base.outbox.batch_size, base.outbox.poll_interval_ms, true), ("classic-relay", 100, 200, false)];
+    let modes = [
+        ("tally", base.outbox.batch_size, u64::try_from(base.outbox.poll_interval.as_millis())?, true),
+        ("classic-relay", 100, 200, false),
+    ];
     let mut reports = Vec::new();
     for (label, batch, poll, listen) in modes {
         reports.push(run_mode(base, args, &runtime, label, batch, poll, listen)?);
@@ -143,7 +145,7 @@ fn run_mode(
     config.pipelines.orders = false;
     config.pipelines.notifications = false;
     config.outbox.batch_size = batch;
-    config.outbox.poll_interval_ms = poll;
+    config.outbox.poll_interval = std::time::Duration::from_millis(poll);
     config.outbox.listen = listen;
     // The classic relay is one loop publishing one batch per fixed delay.
     config.outbox.concurrency = if listen { base.outbox.concurrency } else { 1 };

@@ -1,6 +1,7 @@
 //! `[antifraud]`: the risk rules and the transactional stage.
 
 use super::*;
+use tally_actors::antifraud::RiskRules;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -15,7 +16,8 @@ pub struct AntifraudConfig {
     pub base_score: i32,
     /// `[[min_amount_cents, points], ...]`; the highest matching tier counts.
     pub amount_tiers: Vec<(i64, i32)>,
-    pub velocity_window_secs: u64,
+    #[serde(rename = "velocity_window_secs", with = "super::duration::secs")]
+    pub velocity_window: Duration,
     /// More transfers than this from one source account inside the window add
     /// `velocity_points`.
     pub velocity_max: usize,
@@ -23,33 +25,43 @@ pub struct AntifraudConfig {
     /// Records per Kafka transaction at most.
     pub batch_max_records: usize,
     /// How long a transaction waits for more records after the first.
-    pub batch_max_wait_ms: u64,
+    #[serde(rename = "batch_max_wait_ms", with = "super::duration::ms")]
+    pub batch_max_wait: Duration,
     /// Broker-side limit of one transaction (`transaction.timeout.ms`).
-    pub transaction_timeout_ms: u64,
+    #[serde(rename = "transaction_timeout_ms", with = "super::duration::ms")]
+    pub transaction_timeout: Duration,
     /// How long the stage waits in one transaction call (adding offsets, committing)
     /// before it serves its consumer group and makes the call again: a call that outlasts
     /// this is retriable and is resumed, never aborted.
-    pub call_timeout_ms: u64,
+    #[serde(rename = "call_timeout_ms", with = "super::duration::ms")]
+    pub call_timeout: Duration,
     /// Backoff between attempts of a failed transaction.
     pub retry: RetryConfig,
 }
 
 impl Default for AntifraudConfig {
+    /// The risk rules' defaults are [`RiskRules::default`]: one source for them.
     fn default() -> Self {
+        let rules = RiskRules::default();
         Self {
             group_id: "tally-antifraud".into(),
             transactional_id: String::new(),
             block_score: 80,
-            base_score: 5,
-            amount_tiers: vec![(1_000_000, 25), (5_000_000, 50), (10_000_000, 80)],
-            velocity_window_secs: 60,
-            velocity_max: 20,
-            velocity_points: 40,
+            base_score: rules.base,
+            amount_tiers: rules.amount_tiers,
+            velocity_window: rules.velocity_window,
+            velocity_max: rules.velocity_max,
+            velocity_points: rules.velocity_points,
             batch_max_records: 500,
-            batch_max_wait_ms: 10,
-            transaction_timeout_ms: 30_000,
-            call_timeout_ms: 5_000,
-            retry: RetryConfig { max_retries: 10, initial_ms: 200, multiplier: 2.0, max_ms: 10_000 },
+            batch_max_wait: Duration::from_millis(10),
+            transaction_timeout: Duration::from_millis(30_000),
+            call_timeout: Duration::from_millis(5_000),
+            retry: RetryConfig {
+                max_retries: 10,
+                initial: Duration::from_millis(200),
+                multiplier: 2.0,
+                max: Duration::from_millis(10_000),
+            },
         }
     }
 }
@@ -63,16 +75,16 @@ impl AntifraudConfig {
         if self.amount_tiers.iter().any(|(min, points)| *min <= 0 || !(0..=100).contains(points)) {
             return invalid("antifraud.amount_tiers", "needs positive amounts and points between 0 and 100");
         }
-        if self.velocity_window_secs == 0 {
+        if self.velocity_window.is_zero() {
             return invalid("antifraud.velocity_window_secs", "must be greater than 0");
         }
         if !(1..=10_000).contains(&self.batch_max_records) {
             return invalid("antifraud.batch_max_records", "must be between 1 and 10000");
         }
-        if self.transaction_timeout_ms < 1_000 {
+        if self.transaction_timeout < Duration::from_secs(1) {
             return invalid("antifraud.transaction_timeout_ms", "must be at least 1000");
         }
-        if self.call_timeout_ms == 0 || self.call_timeout_ms > self.transaction_timeout_ms {
+        if self.call_timeout.is_zero() || self.call_timeout > self.transaction_timeout {
             return invalid(
                 "antifraud.call_timeout_ms",
                 "must be positive and at most antifraud.transaction_timeout_ms",

@@ -2,6 +2,7 @@
 //! pipeline) and the `retry` section every consuming stage has.
 
 use super::*;
+use tally_actors::supervise::RetryPolicy;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -33,14 +34,16 @@ pub struct ConsumerConfig {
     /// Live keyed worker actors per pipeline (least recently used idle ones go first).
     pub max_live_workers: usize,
     /// Keyed workers idle this long are passivated.
-    pub idle_after_secs: u64,
+    #[serde(rename = "idle_after_secs", with = "super::duration::secs")]
+    pub idle_after: Duration,
     /// Longest wait for in-flight records on revoke and shutdown, at least. Each pipeline
     /// waits at least the worst case of its retry sequence (every backoff plus every
     /// attempt taking `database.statement_timeout_ms`, or the webhook timeout for
     /// notifications), so that a record in retry finishes before its partition is given up;
     /// a drain still times out on records waiting for an unavailable dependency, which give
     /// up at once and stay uncommitted.
-    pub drain_timeout_ms: u64,
+    #[serde(rename = "drain_timeout_ms", with = "super::duration::ms")]
+    pub drain_timeout: Duration,
 }
 
 /// Blocking exponential retry of one pipeline.
@@ -48,9 +51,11 @@ pub struct ConsumerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
     pub max_retries: u32,
-    pub initial_ms: u64,
+    #[serde(rename = "initial_ms", with = "super::duration::ms")]
+    pub initial: Duration,
     pub multiplier: f64,
-    pub max_ms: u64,
+    #[serde(rename = "max_ms", with = "super::duration::ms")]
+    pub max: Duration,
 }
 
 impl Default for PipelinesConfig {
@@ -65,22 +70,29 @@ impl Default for ConsumerConfig {
             max_in_flight: 512,
             max_uncommitted: 10_000,
             max_live_workers: 20_000,
-            idle_after_secs: 60,
-            drain_timeout_ms: 20_000,
+            idle_after: Duration::from_secs(60),
+            drain_timeout: Duration::from_millis(20_000),
         }
     }
 }
 
 impl Default for RetryConfig {
+    /// The policy's own default ([`RetryPolicy::default`]): one source for it.
     fn default() -> Self {
-        Self { max_retries: 5, initial_ms: 500, multiplier: 2.0, max_ms: 15_000 }
+        let p = RetryPolicy::default();
+        Self { max_retries: p.max_retries, initial: p.initial, multiplier: p.multiplier, max: p.max }
     }
 }
 
 impl RetryConfig {
+    #[must_use]
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy { max_retries: self.max_retries, initial: self.initial, multiplier: self.multiplier, max: self.max }
+    }
+
     pub(super) fn validate(&self, key: &'static str) -> Result<(), ConfigError> {
-        if self.initial_ms == 0
-            || self.max_ms < self.initial_ms
+        if self.initial.is_zero()
+            || self.max < self.initial
             || !(1.0..=10.0).contains(&self.multiplier)
             || self.max_retries > 100
         {
@@ -105,7 +117,7 @@ impl ConsumerConfig {
         if self.max_live_workers == 0 {
             return invalid("consumer.max_live_workers", "must be greater than 0");
         }
-        if self.drain_timeout_ms == 0 {
+        if self.drain_timeout.is_zero() {
             return invalid("consumer.drain_timeout_ms", "must be greater than 0");
         }
         Ok(())

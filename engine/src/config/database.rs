@@ -8,8 +8,10 @@ pub struct DatabaseConfig {
     /// PostgreSQL URL. The database is created if missing. Its password never prints.
     pub url: SecretUrl,
     pub pool_size: usize,
-    pub statement_timeout_ms: u64,
-    pub connect_timeout_ms: u64,
+    #[serde(rename = "statement_timeout_ms", with = "super::duration::ms")]
+    pub statement_timeout: Duration,
+    #[serde(rename = "connect_timeout_ms", with = "super::duration::ms")]
+    pub connect_timeout: Duration,
 }
 
 impl Default for DatabaseConfig {
@@ -17,8 +19,8 @@ impl Default for DatabaseConfig {
         Self {
             url: SecretUrl::new("postgres://postgres@127.0.0.1:5432/tally"),
             pool_size: 16,
-            statement_timeout_ms: 10_000,
-            connect_timeout_ms: 5_000,
+            statement_timeout: Duration::from_millis(10_000),
+            connect_timeout: Duration::from_millis(5_000),
         }
     }
 }
@@ -35,7 +37,7 @@ impl DatabaseConfig {
         if !(1..=1000).contains(&self.pool_size) {
             return invalid("database.pool_size", "must be between 1 and 1000");
         }
-        if self.statement_timeout_ms == 0 {
+        if self.statement_timeout.is_zero() {
             return invalid("database.statement_timeout_ms", "must be greater than 0");
         }
         Ok(())

@@ -16,7 +16,8 @@ pub struct KafkaConfig {
     /// looked up first; only missing ones are created. Off: missing topics are reported.
     pub create_topics: bool,
     /// Bound of the topic lookup and of topic creation at start.
-    pub admin_timeout_ms: u64,
+    #[serde(rename = "admin_timeout_ms", with = "super::duration::ms")]
+    pub admin_timeout: Duration,
     /// `retention.ms` of every topic tally creates (default 7 days; -1: keep forever).
     pub retention_ms: i64,
     /// Topic-level configs per topic name, applied when tally creates that topic, over
@@ -48,7 +49,7 @@ impl Default for KafkaConfig {
             partitions: 12,
             replication_factor: 1,
             create_topics: true,
-            admin_timeout_ms: 10_000,
+            admin_timeout: Duration::from_millis(10_000),
             retention_ms: 7 * 24 * 3600 * 1000,
             topic_configs: BTreeMap::new(),
             topics: TopicsConfig::default(),
@@ -145,7 +146,7 @@ impl KafkaConfig {
                 "must be at least 1 and, for the embedded broker, at most kafka.embedded_brokers",
             );
         }
-        if !(1_000..=300_000).contains(&self.admin_timeout_ms) {
+        if !(Duration::from_secs(1)..=Duration::from_secs(300)).contains(&self.admin_timeout) {
             return invalid("kafka.admin_timeout_ms", "must be between 1000 and 300000");
         }
         if self.retention_ms != -1 && self.retention_ms < 60_000 {

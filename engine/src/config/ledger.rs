@@ -15,7 +15,8 @@ pub struct LedgerConfig {
     /// Settlement transactions running at once.
     pub max_concurrent_batches: usize,
     /// How long a partial batch waits for more transfers while another batch runs.
-    pub linger_ms: u64,
+    #[serde(rename = "linger_ms", with = "super::duration::ms")]
+    pub linger: Duration,
     /// The ceiling of every balance and amount, in cents. Intake refuses a larger opening
     /// balance or amount (422); settlement rejects a credit that would pass it
     /// (BALANCE_LIMIT_EXCEEDED). Keeps every sum far from 64-bit overflow.
@@ -29,7 +30,7 @@ impl Default for LedgerConfig {
             group_id: "tally-ledger".into(),
             batch_size: 200,
             max_concurrent_batches: 4,
-            linger_ms: 2,
+            linger: Duration::from_millis(2),
             max_balance_cents: 1_000_000_000_000_000,
             retry: RetryConfig::default(),
         }

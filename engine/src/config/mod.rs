@@ -197,6 +197,30 @@ mod tests {
     }
 
     #[test]
+    fn durations_keep_their_unit_in_the_key() {
+        let c = with("[outbox]\npoll_interval_ms = 250\nretention_secs = 90\n[ledger.retry]\ninitial_ms = 7").unwrap();
+        assert_eq!(c.outbox.poll_interval, Duration::from_millis(250));
+        assert_eq!(c.outbox.retention, Duration::from_secs(90));
+        assert_eq!(c.ledger.retry.initial, Duration::from_millis(7));
+        let shown = c.to_redacted_toml();
+        assert!(shown.contains("poll_interval_ms = 250") && shown.contains("retention_secs = 90"), "{shown}");
+        let e = with("[outbox]\npoll_interval_ms = \"1s\"").unwrap_err().to_string();
+        assert!(e.contains("poll_interval_ms"), "{e}");
+        let e = with("[outbox]\npoll_interval = 250").unwrap_err().to_string();
+        assert!(e.contains("poll_interval"), "the field's Rust name is not a key: {e}");
+    }
+
+    #[test]
+    fn defaults_have_one_source() {
+        let c = Config::default();
+        let policy = tally_actors::supervise::RetryPolicy::default();
+        assert_eq!(c.ledger.retry.policy(), policy);
+        let rules = tally_actors::antifraud::RiskRules::default();
+        assert_eq!((c.antifraud.base_score, &c.antifraud.amount_tiers), (rules.base, &rules.amount_tiers));
+        assert_eq!(c.antifraud.velocity_window, rules.velocity_window);
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let e = with("[database]\npool_size = 0").unwrap_err().to_string();
         assert!(e.contains("database.pool_size"), "{e}");

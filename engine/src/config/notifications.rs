@@ -9,13 +9,16 @@ pub struct NotificationsConfig {
     pub webhook_url: String,
     /// HMAC-SHA256 key of the `X-Tally-Signature` header.
     pub webhook_secret: Secret,
-    pub timeout_ms: u64,
+    #[serde(rename = "timeout_ms", with = "super::duration::ms")]
+    pub timeout: Duration,
     pub group_id: String,
     /// Non-blocking retry topics: first delay, multiplier, longest delay,
     /// and attempts in all (the first plus one per retry topic).
-    pub retry_initial_ms: u64,
+    #[serde(rename = "retry_initial_ms", with = "super::duration::ms")]
+    pub retry_initial: Duration,
     pub retry_multiplier: f64,
-    pub retry_max_ms: u64,
+    #[serde(rename = "retry_max_ms", with = "super::duration::ms")]
+    pub retry_max: Duration,
     pub max_attempts: u32,
     /// Blocking retry for the database or broker being unavailable.
     pub retry: RetryConfig,
@@ -26,11 +29,11 @@ impl Default for NotificationsConfig {
         Self {
             webhook_url: String::new(),
             webhook_secret: Secret::default(),
-            timeout_ms: 5_000,
+            timeout: Duration::from_millis(5_000),
             group_id: "tally-notifications".into(),
-            retry_initial_ms: 1_000,
+            retry_initial: Duration::from_millis(1_000),
             retry_multiplier: 2.0,
-            retry_max_ms: 30_000,
+            retry_max: Duration::from_millis(30_000),
             max_attempts: 4,
             retry: RetryConfig::default(),
         }
@@ -41,12 +44,12 @@ impl NotificationsConfig {
     /// The delay of each retry topic, in order.
     #[must_use]
     pub fn delays_ms(&self) -> Vec<u64> {
-        tally_actors::notify::retry_delays(
-            self.retry_initial_ms,
-            self.retry_multiplier,
-            self.retry_max_ms,
-            self.max_attempts,
-        )
+        let curve = tally_actors::backoff::Backoff {
+            initial: self.retry_initial,
+            multiplier: self.retry_multiplier,
+            max: self.retry_max,
+        };
+        tally_actors::notify::retry_delays(curve, self.max_attempts)
     }
 }
 
@@ -59,7 +62,7 @@ impl NotificationsConfig {
         if !self.webhook_url.is_empty() && self.webhook_secret.is_empty() {
             return invalid("notifications.webhook_secret", "must be set when notifications.webhook_url is");
         }
-        if self.timeout_ms == 0 || self.retry_initial_ms == 0 || self.retry_max_ms < self.retry_initial_ms {
+        if self.timeout.is_zero() || self.retry_initial.is_zero() || self.retry_max < self.retry_initial {
             return invalid(
                 "notifications.retry_initial_ms",
                 "needs timeout_ms > 0, retry_initial_ms > 0 and retry_max_ms >= retry_initial_ms",

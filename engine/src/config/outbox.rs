@@ -7,16 +7,22 @@ use super::*;
 pub struct OutboxConfig {
     pub batch_size: i64,
     /// Claim again after this long even without a notification.
-    pub poll_interval_ms: u64,
+    #[serde(rename = "poll_interval_ms", with = "super::duration::ms")]
+    pub poll_interval: Duration,
     /// Wake on PostgreSQL LISTEN/NOTIFY.
     pub listen: bool,
     /// How long published rows are kept before deletion.
-    pub retention_secs: u64,
-    pub cleanup_interval_secs: u64,
+    #[serde(rename = "retention_secs", with = "super::duration::secs")]
+    pub retention: Duration,
+    #[serde(rename = "cleanup_interval_secs", with = "super::duration::secs")]
+    pub cleanup_interval: Duration,
     /// Longest wait for the broker's acknowledgement of one batch.
-    pub send_timeout_ms: u64,
-    pub backoff_initial_ms: u64,
-    pub backoff_max_ms: u64,
+    #[serde(rename = "send_timeout_ms", with = "super::duration::ms")]
+    pub send_timeout: Duration,
+    #[serde(rename = "backoff_initial_ms", with = "super::duration::ms")]
+    pub backoff_initial: Duration,
+    #[serde(rename = "backoff_max_ms", with = "super::duration::ms")]
+    pub backoff_max: Duration,
     /// Publish loops per daemon (each on a disjoint half of the free key shards).
     pub concurrency: usize,
 }
@@ -25,22 +31,15 @@ impl Default for OutboxConfig {
     fn default() -> Self {
         Self {
             batch_size: 500,
-            poll_interval_ms: 1_000,
+            poll_interval: Duration::from_millis(1_000),
             listen: true,
-            retention_secs: 24 * 3600,
-            cleanup_interval_secs: 60,
-            send_timeout_ms: 10_000,
-            backoff_initial_ms: 200,
-            backoff_max_ms: 10_000,
+            retention: Duration::from_secs(24 * 3600),
+            cleanup_interval: Duration::from_secs(60),
+            send_timeout: Duration::from_millis(10_000),
+            backoff_initial: Duration::from_millis(200),
+            backoff_max: Duration::from_millis(10_000),
             concurrency: 2,
         }
-    }
-}
-
-impl OutboxConfig {
-    #[must_use]
-    pub fn poll_interval(&self) -> Duration {
-        Duration::from_millis(self.poll_interval_ms)
     }
 }
 
@@ -49,19 +48,19 @@ impl OutboxConfig {
         if !(1..=10_000).contains(&self.batch_size) {
             return invalid("outbox.batch_size", "must be between 1 and 10000");
         }
-        if self.poll_interval_ms == 0 {
+        if self.poll_interval.is_zero() {
             return invalid("outbox.poll_interval_ms", "must be greater than 0");
         }
-        if self.send_timeout_ms == 0 {
+        if self.send_timeout.is_zero() {
             return invalid("outbox.send_timeout_ms", "must be greater than 0");
         }
-        if self.backoff_initial_ms == 0 || self.backoff_max_ms < self.backoff_initial_ms {
+        if self.backoff_initial.is_zero() || self.backoff_max < self.backoff_initial {
             return invalid("outbox.backoff_max_ms", "must be at least outbox.backoff_initial_ms (> 0)");
         }
         if !(1..=8).contains(&self.concurrency) {
             return invalid("outbox.concurrency", "must be between 1 and 8, and below database.pool_size");
         }
-        if self.cleanup_interval_secs == 0 {
+        if self.cleanup_interval.is_zero() {
             return invalid("outbox.cleanup_interval_secs", "must be greater than 0");
         }
         Ok(())

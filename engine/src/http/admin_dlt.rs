@@ -25,7 +25,7 @@ const DLT_DEADLINE: Duration = Duration::from_secs(10);
 /// Bound of the reads of a replay selection (and of a dry run's scans).
 const REPLAY_READ_DEADLINE: Duration = Duration::from_secs(30);
 /// Delivery timeout of a replayed record.
-const REPLAY_SEND_TIMEOUT_MS: u64 = 30_000;
+const REPLAY_SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Counts the records of every DLT topic (on a blocking thread) and publishes them as
 /// `tally_dlt_topic_records`.
@@ -149,7 +149,7 @@ fn dry_run_body(records: Vec<Value>, report: dlt::DryRun) -> Value {
 }
 
 fn replay_producer(state: &AppState) -> Result<rdkafka::producer::FutureProducer, ApiError> {
-    crate::kafka::producer_config(&state.kafka, &state.bootstrap, "tally-dlt-replay", REPLAY_SEND_TIMEOUT_MS)
+    crate::kafka::producer_config(&state.kafka, &state.bootstrap, "tally-dlt-replay", REPLAY_SEND_TIMEOUT)
         .create()
         .map_err(|e| ApiError::Internal(format!("cannot create the replay producer: {e}")))
 }

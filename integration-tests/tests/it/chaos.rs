@@ -20,9 +20,12 @@
 //! and the history are tampered with (a balance, a posting, a status, a second decision,
 //! a stray dead letter, a second transfer for one key) and every check must report it.
 //!
-//! Not covered yet: committed offsets against effects, per-key publish order of the
-//! outbox, noida-db as the broker (it never expels a member killed with kill -9), and
-//! fault switches inside the daemon.
+//! Per-key publish order of the outbox is checked too, and `chaos_catches_each_broken_guarantee`
+//! runs the daemon with fault switches (`TALLY_FAULT`, debug builds only) that break one
+//! guarantee each, and requires the checker to catch every one.
+//!
+//! Not covered yet: committed offsets against effects, and noida-db as the broker (it
+//! never expels a member killed with kill -9).
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::collections::{BTreeMap, HashMap, HashSet};
