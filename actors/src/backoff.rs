@@ -31,6 +31,22 @@ impl Backoff {
         }
     }
 
+    /// The `n`-th wait in whole milliseconds, computed in milliseconds and truncated:
+    /// exact and stable where the wait names something (the notification retry topics are
+    /// named by it), which rounding through seconds would not be (1000 ms x 1.4^2 is
+    /// 1959.999... ms: 1959 here, 1960 through nanoseconds).
+    #[must_use]
+    pub fn nth_millis(&self, n: u32) -> u64 {
+        let initial = self.initial.as_millis() as f64;
+        let max = self.max.as_millis() as f64;
+        let wait = initial * self.multiplier.powi(i32::try_from(n).unwrap_or(i32::MAX));
+        if wait.is_finite() {
+            wait.min(max).max(0.0) as u64
+        } else {
+            max as u64
+        }
+    }
+
     /// The wait after `previous` (the first wait when `None`).
     #[must_use]
     pub fn after(&self, previous: Option<Duration>) -> Duration {

@@ -87,10 +87,12 @@ impl KafkaClients {
             // does not answer early when data arrives, which adds that wait per hop.
             .set("fetch.wait.max.ms", "25")
             .set_log_level(RDKafkaLogLevel::Warning);
+        let mut c = Self::layer(c, &self.consumer);
+        // After the pass-through: one id shared by several members would fence them all.
         if let Some(instance) = &self.static_member {
             c.set("group.instance.id", format!("{instance}-{name}"));
         }
-        Self::layer(c, &self.consumer)
+        c
     }
 
     /// An `assign`-only reader: no group membership, never commits, partition EOF events
@@ -180,7 +182,9 @@ mod tests {
 
     #[test]
     fn static_members_are_named_per_pipeline() {
-        let c = clients().with_static_membership("node-1").group_consumer("ledger");
-        assert_eq!(c.get("group.instance.id"), Some("node-1-ledger"));
+        let mut shared = clients();
+        shared.consumer.insert("group.instance.id".into(), "same-for-all".into());
+        let c = shared.with_static_membership("node-1").group_consumer("ledger");
+        assert_eq!(c.get("group.instance.id"), Some("node-1-ledger"), "not the pass-through's");
     }
 }

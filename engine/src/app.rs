@@ -110,7 +110,9 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
     start_with(config, kafka, expected_migrations, Parts::default()).await
 }
 
-/// [`start`] with replacement [`Parts`].
+/// [`start`] with replacement [`Parts`]. Over 80 lines because it is the start order,
+/// read top to bottom: pool and producers, antifraud before every consumer (its fencing
+/// must precede their reads), the pipelines, the outbox publisher, then the listeners.
 ///
 /// # Errors
 /// As [`start`].

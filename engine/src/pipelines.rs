@@ -118,7 +118,7 @@ impl Wiring<'_> {
             self.settler.clone().unwrap_or_else(|| Arc::new(BatchSettler { max_batch: cfg.batch_size }));
         // One transfer per settlement: sequential per partition, a commit after each
         // record, and as many settlements at once as the pool has connections.
-        let one_by_one = settler.max_batch() <= 1;
+        let one_by_one = settler.one_at_a_time();
         let batcher = SettlementBatcher::new(
             self.pool.clone(),
             LedgerTopics {

@@ -49,9 +49,9 @@ impl TestEnv {
         c.http.intake_addr = ([127, 0, 0, 1], 0).into();
         c.http.admin_addr = ([127, 0, 0, 1], 0).into();
         c.http.workers = 1;
-        c.outbox.poll_interval_ms = 50;
-        c.outbox.backoff_initial_ms = 50;
-        c.outbox.backoff_max_ms = 1_000;
+        c.outbox.poll_interval = std::time::Duration::from_millis(50);
+        c.outbox.backoff_initial = std::time::Duration::from_millis(50);
+        c.outbox.backoff_max = std::time::Duration::from_millis(1_000);
         c
     }
 

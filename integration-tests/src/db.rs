@@ -357,6 +357,19 @@ pub async fn template(admin_url: &str) -> String {
                     .batch_execute(&format!("ALTER DATABASE \"{building}\" RENAME TO \"{name}\""))
                     .await
                     .expect("name the template");
+                // Templates of other migration sets are left over from earlier checkouts:
+                // drop them, unless a run of such a checkout is copying one right now.
+                let others = admin
+                    .query(
+                        "SELECT datname FROM pg_database WHERE datname LIKE 'tally\\_template\\_%' AND datname <> $1",
+                        &[&name],
+                    )
+                    .await
+                    .map(|rows| rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>())
+                    .unwrap_or_default();
+                for other in others {
+                    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{other}\"")).await;
+                }
             }
             admin.batch_execute("SELECT pg_advisory_unlock(7461616)").await.expect("release the template lock");
             drop(admin);

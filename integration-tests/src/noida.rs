@@ -137,7 +137,7 @@ pub fn config(db: &TestDb, broker: &NoidaBroker) -> Config {
     c.http.intake_addr = ([127, 0, 0, 1], 0).into();
     c.http.admin_addr = ([127, 0, 0, 1], 0).into();
     c.http.workers = 1;
-    c.outbox.poll_interval_ms = 50;
+    c.outbox.poll_interval = std::time::Duration::from_millis(50);
     c
 }
 

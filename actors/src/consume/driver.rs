@@ -16,6 +16,9 @@ use tracing::{debug, info, warn};
 use super::assignment::{DriverContext, DriverState, Slot, TopicPartition};
 use super::{Control, PartitionStatus, Record};
 
+/// The driver thread's loop: serve control commands, follow dependency health, poll,
+/// route records, store watermarks. Over 80 lines because it is one loop whose steps
+/// share the poll's state; each step is a function of its own below.
 pub(super) fn drive(
     consumer: &BaseConsumer<DriverContext>,
     shared: &Arc<DriverState>,

@@ -49,6 +49,13 @@ pub trait Settler: Send + Sync + 'static {
     /// Most transfers per call.
     fn max_batch(&self) -> usize;
 
+    /// The classic consumer's shape: sequential per partition, a commit after each record,
+    /// a settlement per pool connection. Only the bench's baseline says yes; a batch size
+    /// of one alone does not make a settler this.
+    fn one_at_a_time(&self) -> bool {
+        false
+    }
+
     /// Settles `batch`; the outcomes are in batch order. On an error nothing is written.
     fn settle<'a>(
         &'a self,
@@ -250,7 +257,8 @@ fn settle_with_split(
             Ok(c) => c,
             Err(e) => return fail_all(SettleError::of("no database connection", &e), requests.len()),
         };
-        let attempt = AssertUnwindSafe(settler.settle(&mut conn, &topics, &requests)).catch_unwind().await;
+        let attempt =
+            AssertUnwindSafe(async { settler.settle(&mut conn, &topics, &requests).await }).catch_unwind().await;
         let result = match attempt {
             Ok(result) => {
                 // Back to the pool before any split, which takes connections of its own.

@@ -55,7 +55,7 @@ impl NotifierSettings {
 /// `max_attempts - 1` waits of `curve` (1 s, x2, max 30 s, 4 attempts: 1000, 2000, 4000).
 #[must_use]
 pub fn retry_delays(curve: Backoff, max_attempts: u32) -> Vec<u64> {
-    (0..max_attempts.saturating_sub(1)).map(|i| u64::try_from(curve.nth(i).as_millis()).unwrap_or(u64::MAX)).collect()
+    (0..max_attempts.saturating_sub(1)).map(|i| curve.nth_millis(i)).collect()
 }
 
 /// `sha256=<hex>` of HMAC-SHA256(`secret`, `body`).
@@ -248,6 +248,9 @@ mod tests {
         assert_eq!(retry_delays(curve(30_000), 4), vec![1_000, 2_000, 4_000]);
         assert_eq!(retry_delays(curve(3_000), 4), vec![1_000, 2_000, 3_000]);
         assert!(retry_delays(curve(30_000), 1).is_empty());
+        // The delays name topics: computed in whole milliseconds and truncated, as always.
+        let inexact = Backoff { initial: Duration::from_secs(1), multiplier: 1.4, max: Duration::from_secs(30) };
+        assert_eq!(retry_delays(inexact, 4), vec![1_000, 1_400, 1_959]);
     }
 
     #[test]

@@ -79,7 +79,8 @@ async fn status_against_postings(conn: &mut AsyncPgConnection) -> Result<StatusC
     .await
 }
 
-/// Evaluates every invariant.
+/// Evaluates every invariant, in one REPEATABLE READ snapshot. Over 80 lines because it is
+/// the list of invariants, one query each, and they must share the transaction.
 ///
 /// # Errors
 /// When the database fails.

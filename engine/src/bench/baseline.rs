@@ -22,6 +22,10 @@ impl Settler for OneByOne {
         1
     }
 
+    fn one_at_a_time(&self) -> bool {
+        true
+    }
+
     fn settle<'a>(
         &'a self,
         conn: &'a mut AsyncPgConnection,

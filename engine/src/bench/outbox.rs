@@ -108,6 +108,8 @@ async fn wait_drained(client: &tokio_postgres::Client, label: &str) -> anyhow::R
     wait_for_zero(client, sql, &what, Duration::from_secs(1_800)).await
 }
 
+/// One mode of the bench, both phases (drain, then latency at a fixed rate). Over 80
+/// lines because the phases share the daemon, the database and the report fields.
 fn run_mode(
     base: &Config,
     args: &Args,

@@ -228,6 +228,8 @@ mod tests {
         assert!(e.contains("batch_size"), "{e}");
         let e = with("[http]\nintake_adr = \"127.0.0.1:1\"").unwrap_err().to_string();
         assert!(e.contains("intake_adr"), "{e}");
+        let e = with("[consumer]\ndrain_timeout_ms = 0").unwrap_err().to_string();
+        assert!(e.contains("consumer.drain_timeout_ms"), "{e}");
         let e = with("[database]\nurl = \"mysql://x\"").unwrap_err().to_string();
         assert!(e.contains("database.url"), "{e}");
     }

@@ -224,9 +224,14 @@ async fn dlt_listing_and_browsing_show_dead_lettered_records() {
 }
 
 fn quick_retry(c: &mut tally_engine::Config) {
-    c.ledger.retry = RetryConfig { max_retries: 2, initial_ms: 100, multiplier: 2.0, max_ms: 400 };
+    c.ledger.retry = RetryConfig {
+        max_retries: 2,
+        initial: std::time::Duration::from_millis(100),
+        multiplier: 2.0,
+        max: std::time::Duration::from_millis(400),
+    };
     // Lock waits fail fast: the statement and lock timeouts.
-    c.database.statement_timeout_ms = 500;
+    c.database.statement_timeout = std::time::Duration::from_millis(500);
     c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
 }
 

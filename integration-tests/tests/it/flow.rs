@@ -125,8 +125,8 @@ async fn a_republished_request_is_analyzed_under_one_id_and_settled_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_mid_transaction_abort_and_redo_without_double_effects() {
     let (env, app) = spawn_app(|c| {
-        c.antifraud.retry.initial_ms = 50;
-        c.antifraud.retry.max_ms = 200;
+        c.antifraud.retry.initial = std::time::Duration::from_millis(50);
+        c.antifraud.retry.max = std::time::Duration::from_millis(200);
     })
     .await;
     account(&app, "X-A", 1_000_000, "BRL").await;
@@ -161,9 +161,9 @@ async fn errors_mid_transaction_abort_and_redo_without_double_effects() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_outlasts_its_call_is_committed_again_not_redone() {
     let (env, app) = spawn_app(|c| {
-        c.antifraud.call_timeout_ms = 1_000;
-        c.antifraud.retry.initial_ms = 50;
-        c.antifraud.retry.max_ms = 200;
+        c.antifraud.call_timeout = std::time::Duration::from_millis(1_000);
+        c.antifraud.retry.initial = std::time::Duration::from_millis(50);
+        c.antifraud.retry.max = std::time::Duration::from_millis(200);
     })
     .await;
     account(&app, "T-A", 1_000_000, "BRL").await;

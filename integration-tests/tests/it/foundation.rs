@@ -428,7 +428,7 @@ async fn published_record_carries_key_headers_and_the_exact_payload() {
 // Broker: embedded mock cluster, all 3 brokers taken down and brought back up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_outage_marks_nothing_published_and_everything_is_published_after_recovery() {
-    let (env, app) = spawn_app(|c| c.outbox.send_timeout_ms = 2_000).await;
+    let (env, app) = spawn_app(|c| c.outbox.send_timeout = std::time::Duration::from_millis(2_000)).await;
     env.broker.all_down().expect("take the brokers down");
 
     for i in 0..5 {

@@ -219,9 +219,14 @@ async fn poison_records_are_dead_lettered_and_later_records_processed() {
 }
 
 fn quick_retry(c: &mut tally_engine::Config, max_retries: u32) {
-    c.ledger.retry = RetryConfig { max_retries, initial_ms: 100, multiplier: 2.0, max_ms: 400 };
+    c.ledger.retry = RetryConfig {
+        max_retries,
+        initial: std::time::Duration::from_millis(100),
+        multiplier: 2.0,
+        max: std::time::Duration::from_millis(400),
+    };
     // Lock waits fail fast: the statement and lock timeouts.
-    c.database.statement_timeout_ms = 500;
+    c.database.statement_timeout = std::time::Duration::from_millis(500);
 }
 
 /// A transient database failure (a lock held elsewhere makes the settlement time out):

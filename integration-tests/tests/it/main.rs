@@ -5,6 +5,7 @@
 mod broker;
 mod chaos;
 mod dlt_admin;
+mod docs;
 mod first_run;
 mod flow;
 mod foundation;

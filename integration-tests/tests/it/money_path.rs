@@ -56,7 +56,7 @@ async fn decisions_of(db: &TestDb, id: Uuid) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_antifraud_decision_stands_when_the_transfer_is_delivered_again() {
     const WINDOW_SECS: u64 = 4;
-    let (env, app) = spawn_app(|c| c.antifraud.velocity_window_secs = WINDOW_SECS).await;
+    let (env, app) = spawn_app(|c| c.antifraud.velocity_window = std::time::Duration::from_secs(WINDOW_SECS)).await;
     create_account(&app, "V-A", 100_000_000, "BRL").await;
     create_account(&app, "V-B", 0, "BRL").await;
     create_account(&app, "V-C", 100_000_000, "BRL").await;
@@ -124,7 +124,8 @@ async fn an_antifraud_decision_stands_when_the_transfer_is_delivered_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_velocity_window_survives_a_restart() {
     let env = TestEnv::new().await;
-    let configure = |c: &mut tally_engine::config::Config| c.antifraud.velocity_window_secs = 120;
+    let configure =
+        |c: &mut tally_engine::config::Config| c.antifraud.velocity_window = std::time::Duration::from_secs(120);
     let app = env.spawn(configure).await;
     create_account(&app, "R-A", 100_000_000, "BRL").await;
     create_account(&app, "R-B", 0, "BRL").await;
@@ -253,8 +254,8 @@ async fn balances_and_amounts_stay_under_the_ceiling() {
 async fn database_errors_are_classified_by_cause() {
     let (env, app) = spawn_app(|c| {
         c.pipelines.antifraud = false;
-        c.ledger.retry.initial_ms = 50;
-        c.ledger.retry.max_ms = 100;
+        c.ledger.retry.initial = std::time::Duration::from_millis(50);
+        c.ledger.retry.max = std::time::Duration::from_millis(100);
     })
     .await;
     env.db.batch("ALTER TABLE postings ADD CONSTRAINT test_no_13_cents CHECK (amount_cents <> 13)").await;
@@ -322,8 +323,8 @@ fn requested(id: Uuid, from: &str, to: &str, amount: i64, at: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_requests_do_not_stop_antifraud() {
     let (env, app) = spawn_app(|c| {
-        c.antifraud.retry.initial_ms = 50;
-        c.antifraud.retry.max_ms = 200;
+        c.antifraud.retry.initial = std::time::Duration::from_millis(50);
+        c.antifraud.retry.max = std::time::Duration::from_millis(200);
     })
     .await;
     create_account(&app, "Z-A", 1_000_000, "BRL").await;

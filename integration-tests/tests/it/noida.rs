@@ -125,8 +125,8 @@ async fn a_fenced_stage_recreates_its_producer_and_decides_each_transfer_once() 
     let broker = NoidaBroker::start();
     let db = TestDb::new().await;
     let app = noida::spawn(&db, &broker, |c| {
-        c.antifraud.retry.initial_ms = 50;
-        c.antifraud.retry.max_ms = 200;
+        c.antifraud.retry.initial = std::time::Duration::from_millis(50);
+        c.antifraud.retry.max = std::time::Duration::from_millis(200);
         c.pipelines.ledger = false;
         c.pipelines.projection = false;
     })

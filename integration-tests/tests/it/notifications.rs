@@ -354,8 +354,8 @@ async fn after_the_receiver_is_fixed_replay_delivers_dead_lettered_events_exactl
     let receiver = WebhookReceiver::start(move |_, _| if healthy.load(Ordering::SeqCst) { 200 } else { 500 }).await;
     let (env, app) = spawn_app(|c| {
         notify_config(&receiver.url)(c);
-        c.notifications.retry_initial_ms = 100;
-        c.notifications.retry_max_ms = 400;
+        c.notifications.retry_initial = std::time::Duration::from_millis(100);
+        c.notifications.retry_max = std::time::Duration::from_millis(400);
     })
     .await;
     let producer = producer(env.bootstrap());

@@ -92,8 +92,13 @@ const RETRIES: &str = r#"tally_retries_total{pipeline="orders"}"#;
 /// Fast blocking retry for the orders pipeline; lock waits fail after 500 ms (the pool sets
 /// `lock_timeout` to `database.statement_timeout_ms`).
 fn quick_retry(c: &mut Config, max_retries: u32) {
-    c.orders.retry = RetryConfig { max_retries, initial_ms: 100, multiplier: 2.0, max_ms: 400 };
-    c.database.statement_timeout_ms = 500;
+    c.orders.retry = RetryConfig {
+        max_retries,
+        initial: std::time::Duration::from_millis(100),
+        multiplier: 2.0,
+        max: std::time::Duration::from_millis(400),
+    };
+    c.database.statement_timeout = std::time::Duration::from_millis(500);
 }
 
 fn order(reference: &str, amount: i64) -> Value {
@@ -217,7 +222,7 @@ async fn failed_materialization_is_not_acknowledged_and_is_redelivered_to_one_ro
     let configure = |c: &mut Config| {
         quick_retry(c, 100);
         c.pipelines.outbox = false;
-        c.consumer.drain_timeout_ms = 1_000;
+        c.consumer.drain_timeout = std::time::Duration::from_millis(1_000);
     };
     let first = env.spawn(configure).await;
     let producer = producer(env.bootstrap());

@@ -27,7 +27,12 @@ const DEGRADED: &str = r#"tally_pipeline_degraded{pipeline="ledger"}"#;
 
 /// A short budget, so that the outage outlasts it many times over: 2 retries of 100 ms.
 fn short_budget(c: &mut Config) {
-    let budget = RetryConfig { max_retries: 2, initial_ms: 100, multiplier: 2.0, max_ms: 200 };
+    let budget = RetryConfig {
+        max_retries: 2,
+        initial: std::time::Duration::from_millis(100),
+        multiplier: 2.0,
+        max: std::time::Duration::from_millis(200),
+    };
     c.ledger.retry = budget.clone();
     c.projection.retry = budget.clone();
     c.orders.retry = budget;
@@ -187,7 +192,12 @@ async fn antifraud_keeps_its_partitions_through_a_database_outage() {
             for (k, v) in [("session.timeout.ms", "3000"), ("max.poll.interval.ms", "3000")] {
                 c.kafka.consumer.insert(k.into(), v.into());
             }
-            c.antifraud.retry = RetryConfig { max_retries: 2, initial_ms: 100, multiplier: 2.0, max_ms: 500 };
+            c.antifraud.retry = RetryConfig {
+                max_retries: 2,
+                initial: std::time::Duration::from_millis(100),
+                multiplier: 2.0,
+                max: std::time::Duration::from_millis(500),
+            };
         })
         .await;
     for (id, balance) in [("K-A", 100_000), ("K-B", 0)] {

@@ -131,8 +131,13 @@ async fn one_stuck_key_holds_back_at_most_the_uncommitted_window() {
         c.pipelines.outbox = false;
         c.consumer.max_in_flight = 4;
         c.consumer.max_uncommitted = WINDOW;
-        c.orders.retry = RetryConfig { max_retries: 100, initial_ms: 100, multiplier: 2.0, max_ms: 400 };
-        c.database.statement_timeout_ms = 500;
+        c.orders.retry = RetryConfig {
+            max_retries: 100,
+            initial: std::time::Duration::from_millis(100),
+            multiplier: 2.0,
+            max: std::time::Duration::from_millis(400),
+        };
+        c.database.statement_timeout = std::time::Duration::from_millis(500);
     })
     .await;
     const RECEIVED: &str = "orders.received";

@@ -1,0 +1,60 @@
+//! The repository explains itself: every file path the design document and the README
+//! name exists, and the code points nowhere outside the repository.
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every backticked token of `text` that looks like a repository path.
+fn cited_paths(text: &str) -> Vec<String> {
+    let tops = ["actors/", "engine/", "schema/", "migrations/", "integration-tests/", "scripts/", "docs/", "deploy/"];
+    let files = ["README.md", "Makefile", "Cargo.toml", ".ci/run", "rust-toolchain.toml"];
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|t| t.trim_end_matches(['.', ',', ':']))
+        .filter(|t| !t.contains(' ') && (tops.iter().any(|p| t.starts_with(p)) || files.contains(t)))
+        .filter(|t| !t.contains('<') && !t.contains('*'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_path_the_docs_cite_exists() {
+    for doc in ["docs/ARCHITECTURE.md", "README.md"] {
+        let text = std::fs::read_to_string(root().join(doc)).unwrap_or_else(|e| panic!("read {doc}: {e}"));
+        let cited = cited_paths(&text);
+        assert!(doc != "docs/ARCHITECTURE.md" || cited.len() > 50, "{doc} cites only {} paths", cited.len());
+        let missing: Vec<&String> = cited.iter().filter(|p| !root().join(p).exists()).collect();
+        assert!(missing.is_empty(), "{doc} cites paths that do not exist: {missing:?}");
+    }
+}
+
+#[test]
+fn the_code_points_nowhere_outside_the_repository() {
+    let mut offenders = Vec::new();
+    let mut pending =
+        vec![root().join("actors"), root().join("engine"), root().join("schema"), root().join("integration-tests")];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read a source directory").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("docs.rs") {
+                let text = std::fs::read_to_string(&path).expect("read a source file");
+                if text.contains("DESIGN.md") || text.contains('\u{a7}') || text.contains("../shared") {
+                    offenders.push(path.display().to_string());
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "files citing documents outside the repository: {offenders:?}");
+}
+
+#[test]
+fn the_path_finder_finds_paths() {
+    let found = cited_paths("see `actors/src/store/mod.rs`, `README.md`. and `not a path` or `x.rs`");
+    assert_eq!(found, ["actors/src/store/mod.rs", "README.md"]);
+}
