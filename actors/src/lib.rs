@@ -4,11 +4,17 @@
 //! mailbox shells; the logic lives in plain structs beside them so that it is tested
 //! without an actix `System`.
 //!
-//! Depends on `tally-schema`; `tally-engine` depends on this crate.
+//! Also every SQL statement ([`store`]), every Kafka client's settings ([`kafka`]), the
+//! dead-letter topics ([`dlt`]) and the one backoff curve ([`backoff`]).
+//!
+//! Depends on `tally-schema`; `tally-engine` depends on this crate. The design, with the
+//! life of a record and the reasons behind it, is `docs/ARCHITECTURE.md` at the repository
+//! root.
 
 pub mod antifraud;
 pub mod backoff;
 pub mod consume;
+pub mod dlt;
 pub mod faults;
 pub mod kafka;
 pub mod ledger;

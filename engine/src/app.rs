@@ -194,9 +194,11 @@ pub async fn start_with(
         info!("Outbox publisher disabled by pipelines.outbox = false.");
     }
 
-    let dlt_probe = Arc::new(
-        crate::dlt::reader(&config.kafka, &kafka.bootstrap).context("cannot create the DLT watermark consumer")?,
-    );
+    let dlt_scope = tally_actors::dlt::DltScope {
+        clients: config.kafka.clients(&kafka.bootstrap),
+        sources: config.kafka.topics.sources().into_iter().map(str::to_owned).collect(),
+    };
+    let dlt_probe = Arc::new(dlt_scope.reader().context("cannot create the DLT watermark consumer")?);
     let (state_dropped_tx, state_dropped) = std::sync::mpsc::channel();
     let state = web::Data::new(AppState {
         pool,
@@ -208,6 +210,7 @@ pub async fn start_with(
         max_balance_cents: config.ledger.max_balance_cents,
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),
+        dlt: dlt_scope,
         known_topics: config.topics_to_create(),
         stages,
         dlt_probe,

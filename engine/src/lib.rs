@@ -2,13 +2,14 @@
 //! Kafka client set-up, the embedded broker, and the bench driver.
 //!
 //! Depends on `tally-actors` and `tally-schema`; only `integration-tests` depends on this
-//! crate.
+//! crate. The design, with the life of a record and the reasons behind it, is
+//! `docs/ARCHITECTURE.md` at the repository root.
 
 pub mod app;
 pub mod bench;
 pub mod broker;
 pub mod config;
-pub mod dlt;
+pub use tally_actors::dlt;
 pub mod http;
 pub mod kafka;
 pub mod pipelines;

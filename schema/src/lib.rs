@@ -3,7 +3,8 @@
 //! value types (account ids, currencies, amounts) that every other crate uses.
 //!
 //! This crate depends on nothing else of tally; `tally-actors` and `tally-engine` depend on
-//! it.
+//! it. The design, with the life of a record and the reasons behind it, is
+//! `docs/ARCHITECTURE.md` at the repository root.
 
 pub mod events;
 pub mod headers;

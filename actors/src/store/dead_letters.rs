@@ -2,7 +2,7 @@
 //! DLT write can never succeed (too large once the `dlt-*` headers are added, a partition or
 //! topic missing, forbidden) is stored here with the same metadata, so its offset can
 //! complete instead of stopping its key and partition for good. `/admin/dlt` lists, browses
-//! and replays these rows like the topics (`tally_engine::dlt::table` holds that view).
+//! and replays these rows like the topics (`crate::dlt::table` holds that view).
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};

@@ -6,7 +6,6 @@
 //! dead-letter write first checks the record's [`Lease`]: after its partition was revoked
 //! nothing more happens for it here.
 
-mod dlt;
 mod health;
 mod policy;
 
@@ -19,8 +18,8 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tracing::warn;
 
+pub use crate::dlt::{dlt_headers, is_permanent_dlt_error, DeadLetters, Stopping};
 pub use crate::store::dead_letters::{headers_json, store_dead_letter, DeadLetterRow};
-pub use dlt::{dlt_headers, is_permanent_dlt_error, DeadLetters, Stopping};
 
 pub use health::{Degradation, DependencyHealth, DependencyWait};
 pub use policy::{classify_server_message, Classify, ErrorClass, HandlerError, RetryPolicy, PROBE_MAX};

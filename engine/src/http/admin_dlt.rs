@@ -33,8 +33,8 @@ pub(super) async fn dlt_inventory(
     state: &web::Data<AppState>,
     budget: Duration,
 ) -> Result<Vec<dlt::TopicCount>, ApiError> {
-    let (kafka, probe) = (state.kafka.clone(), Arc::clone(&state.dlt_probe));
-    let counts = web::block(move || dlt::inventory(&probe, &kafka, dlt::Deadline::after(budget)))
+    let (scope, probe) = (state.dlt.clone(), Arc::clone(&state.dlt_probe));
+    let counts = web::block(move || dlt::inventory(&probe, &scope, dlt::Deadline::after(budget)))
         .await
         .map_err(|e| ApiError::Internal(format!("DLT inventory task failed: {e}")))??;
     dlt::publish(&counts, &state.metrics);
@@ -55,7 +55,9 @@ pub(super) async fn dlt_list(state: web::Data<AppState>) -> Result<HttpResponse,
 /// The source topic of `topic`, or 404 when `topic` is not a DLT topic of this
 /// configuration.
 fn known_dlt(state: &AppState, topic: &str) -> Result<String, ApiError> {
-    dlt::source_of(&state.kafka, topic)
+    state
+        .dlt
+        .source_of(topic)
         .ok_or_else(|| ApiError::NotFound(format!("{topic} is not a DLT topic of this configuration")))
 }
 
@@ -100,10 +102,10 @@ pub(super) async fn dlt_read(
     let limit = check_limit(q.limit)?;
     let selection =
         dlt::Selection { partition: q.partition, from_offset: q.offset, to_offset: None, limit: Some(limit) };
-    let (kafka, bootstrap, name) = (state.kafka.clone(), state.bootstrap.clone(), topic.clone());
+    let (scope, name) = (state.dlt.clone(), topic.clone());
     let page = web::block(move || {
         let deadline = dlt::Deadline::after(DLT_DEADLINE);
-        let consumer = dlt::reader(&kafka, &bootstrap)?;
+        let consumer = scope.reader()?;
         dlt::read(&consumer, &name, &selection, deadline)
     })
     .await
@@ -126,11 +128,11 @@ pub(super) struct ReplayQuery {
 
 /// Counts newer processed records of each origin's key (on a blocking thread).
 async fn dry_run(state: &web::Data<AppState>, origins: Vec<dlt::Origin>) -> Result<dlt::DryRun, ApiError> {
-    let (kafka, bootstrap) = (state.kafka.clone(), state.bootstrap.clone());
+    let scope = state.dlt.clone();
     web::block(move || {
         let deadline = dlt::Deadline::after(REPLAY_READ_DEADLINE);
-        let consumer = dlt::reader(&kafka, &bootstrap)?;
-        dlt::newer_processed(&consumer, &kafka, &bootstrap, &origins, deadline)
+        let consumer = scope.reader()?;
+        dlt::newer_processed(&consumer, &scope, &origins, deadline)
     })
     .await
     .map_err(|e| ApiError::Internal(format!("DLT dry-run task failed: {e}")))?
@@ -185,10 +187,10 @@ pub(super) async fn dlt_replay(
     let topic = topic.into_inner();
     let source = known_dlt(&state, &topic)?;
     let request = dlt::ReplayRequest::parse(&body)?;
-    let (kafka, bootstrap, name) = (state.kafka.clone(), state.bootstrap.clone(), topic.clone());
+    let (scope, name) = (state.dlt.clone(), topic.clone());
     let planned = web::block(move || {
         let deadline = dlt::Deadline::after(REPLAY_READ_DEADLINE);
-        let consumer = dlt::reader(&kafka, &bootstrap)?;
+        let consumer = scope.reader()?;
         dlt::prepare_replay(&consumer, &name, &source, &request, deadline)
     })
     .await

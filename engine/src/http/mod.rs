@@ -37,6 +37,8 @@ pub struct AppState {
     /// Kafka bootstrap servers and settings, for admin operations (DLT browsing, replay).
     pub bootstrap: String,
     pub kafka: crate::config::KafkaConfig,
+    /// What the DLT endpoints work on: the clients and the source topics.
+    pub dlt: tally_actors::dlt::DltScope,
     /// Every topic of this configuration (sources, `-dlt` twins, retry topics): where a
     /// `dead_letters` row may be replayed to.
     pub known_topics: Vec<String>,

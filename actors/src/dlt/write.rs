@@ -1,4 +1,4 @@
-//! `DeadLetters`: writes a record to `<topic>-dlt` on the same partition, keeping its key,
+//! Writing dead letters. `DeadLetters` writes a record to `<topic>-dlt` on the same partition, keeping its key,
 //! value and headers and adding the `dlt-*` headers. The record's offset
 //! completes only after the broker acknowledged the DLT write, or, when the DLT can never
 //! take it ([`is_permanent_dlt_error`]), after it was stored in the `dead_letters` table.

@@ -1,8 +1,8 @@
-//! DLT administration: the inventory of the dead-letter topics of this
-//! configuration, reading their records, and replaying records to their original topic.
-//! (Inventory and reading live here with their unit tests; replay, dry runs and the
-//! `dead_letters` table have files of their own.) Over 400 lines because those unit tests
-//! sit beside the inventory and reading they check.
+//! Dead-letter topics, all in one place: writing a record to its DLT ([`write`], used by
+//! supervision), the inventory of the DLTs of this deployment, reading their records, and
+//! replaying records to their original topic. (Inventory and reading live here; writing,
+//! replay, dry runs and the `dead_letters` table view have files of their own.) Over 400
+//! lines because the record view and the reading loop sit here with their error type.
 //!
 //! Everything here talks to Kafka with blocking librdkafka calls bounded by a deadline;
 //! HTTP handlers run it on a blocking thread (`web::block`). Reads use an `assign`ed
@@ -19,9 +19,11 @@ use std::time::{Duration, Instant};
 mod dry_run;
 mod replay;
 pub mod table;
+mod write;
 
 pub use dry_run::{newer_processed, DryRun, KeySummary, Origin};
 pub use replay::{prepare_replay, replay, republish, send_all, ReplayRequest, Replayed, Republish};
+pub use write::{dlt_headers, is_permanent_dlt_error, DeadLetters, Stopping};
 
 use base64::Engine as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -32,7 +34,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tally_schema::{headers, topics};
 
-use crate::config::KafkaConfig;
+use crate::kafka::KafkaClients;
 
 /// Default and maximum number of records of one read (`GET /admin/dlt/{topic}`).
 pub const DEFAULT_LIMIT: usize = 100;
@@ -92,25 +94,35 @@ impl DltError {
     }
 }
 
-/// The DLT topics of this configuration: the `-dlt` twin of every source topic, each with
-/// its source.
-#[must_use]
-pub fn dlt_topics(kafka: &KafkaConfig) -> Vec<(String, String)> {
-    kafka.topics.sources().into_iter().map(|s| (topics::dlt(s), s.to_owned())).collect()
+/// What the DLT administration works on: the Kafka clients of this deployment and the
+/// source topics whose dead letters it manages.
+#[derive(Debug, Clone)]
+pub struct DltScope {
+    pub clients: KafkaClients,
+    pub sources: Vec<String>,
 }
 
-/// The source topic of `dlt` when `dlt` is a DLT topic of this configuration.
-#[must_use]
-pub fn source_of(kafka: &KafkaConfig, dlt: &str) -> Option<String> {
-    dlt_topics(kafka).into_iter().find(|(d, _)| d == dlt).map(|(_, s)| s)
-}
+impl DltScope {
+    /// The DLT topics: the `-dlt` twin of every source topic, each with its source.
+    #[must_use]
+    pub fn dlt_topics(&self) -> Vec<(String, String)> {
+        self.sources.iter().map(|s| (topics::dlt(s), s.clone())).collect()
+    }
 
-/// An `assign`-only consumer: no group membership, no commits, `partition EOF` events on.
-///
-/// # Errors
-/// [`DltError::Client`] when librdkafka rejects the configuration.
-pub fn reader(kafka: &KafkaConfig, bootstrap: &str) -> Result<BaseConsumer, DltError> {
-    kafka.clients(bootstrap).reader("tally-dlt-admin", None).create().map_err(DltError::Client)
+    /// The source topic of `dlt` when `dlt` is one of this scope's DLT topics.
+    #[must_use]
+    pub fn source_of(&self, dlt: &str) -> Option<String> {
+        self.dlt_topics().into_iter().find(|(d, _)| d == dlt).map(|(_, s)| s)
+    }
+
+    /// An `assign`-only consumer: no group membership, no commits, `partition EOF` events
+    /// on.
+    ///
+    /// # Errors
+    /// [`DltError::Client`] when librdkafka rejects the configuration.
+    pub fn reader(&self) -> Result<BaseConsumer, DltError> {
+        self.clients.reader("tally-dlt-admin", None).create().map_err(DltError::Client)
+    }
 }
 
 /// A deadline for a sequence of blocking calls.
@@ -190,13 +202,9 @@ fn watermarks(
 ///
 /// # Errors
 /// When metadata or watermarks cannot be fetched before `deadline`.
-pub fn inventory(
-    consumer: &BaseConsumer,
-    kafka: &KafkaConfig,
-    deadline: Deadline,
-) -> Result<Vec<TopicCount>, DltError> {
+pub fn inventory(consumer: &BaseConsumer, scope: &DltScope, deadline: Deadline) -> Result<Vec<TopicCount>, DltError> {
     let mut out = Vec::new();
-    for (topic, source) in dlt_topics(kafka) {
+    for (topic, source) in scope.dlt_topics() {
         let mut partitions = Vec::new();
         for partition in partitions_of(consumer, &topic, deadline)? {
             let (low, high) = watermarks(consumer, &topic, partition, deadline)?;
@@ -209,7 +217,7 @@ pub fn inventory(
 }
 
 /// Sets `tally_dlt_topic_records` from an inventory.
-pub fn publish(counts: &[TopicCount], metrics: &tally_actors::Metrics) {
+pub fn publish(counts: &[TopicCount], metrics: &crate::Metrics) {
     for t in counts {
         metrics.dlt_topic_records.with_label_values(&[&t.topic]).set(t.records);
     }
@@ -288,7 +296,8 @@ fn rfc3339(ms: i64) -> Option<String> {
 
 /// `(value, encoding)`: UTF-8 text as `"utf8"`, anything else as standard base64 with
 /// padding (`"base64"`), absent as `(null, null)`.
-pub(crate) fn bytes_view(bytes: Option<&[u8]>) -> (Value, Value) {
+#[must_use]
+pub fn bytes_view(bytes: Option<&[u8]>) -> (Value, Value) {
     match bytes {
         None => (Value::Null, Value::Null),
         Some(b) => match std::str::from_utf8(b) {

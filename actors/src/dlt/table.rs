@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tally_schema::headers;
 
-use tally_actors::store::dead_letters;
-pub use tally_actors::store::dead_letters::{browse, mark_replayed, DeadLetter, TopicRows};
+use crate::store::dead_letters;
+pub use crate::store::dead_letters::{browse, mark_replayed, DeadLetter, TopicRows};
 
 use super::{DltError, DltRecord, Origin, Republish, MAX_REPLAY};
 

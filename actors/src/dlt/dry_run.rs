@@ -12,8 +12,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{bytes_view, read, Deadline, DltError, Selection};
-use crate::config::KafkaConfig;
+use super::{bytes_view, read, Deadline, DltError, DltScope, Selection};
 
 /// Records of a source partition scanned at most per dry run and partition; beyond it the
 /// counts are lower bounds (`scanTruncated`).
@@ -54,15 +53,14 @@ pub struct DryRun {
 }
 
 fn committed_offset(
-    kafka: &KafkaConfig,
-    bootstrap: &str,
+    scope: &DltScope,
     group: &str,
     topic: &str,
     partition: i32,
     deadline: Deadline,
 ) -> Result<Option<i64>, DltError> {
     // Never subscribes: reading the group's committed offsets does not join the group.
-    let c = kafka.clients(bootstrap).reader("tally-dlt-dry-run", Some(group));
+    let c = scope.clients.reader("tally-dlt-dry-run", Some(group));
     let consumer: BaseConsumer = c.create().map_err(DltError::Client)?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);
@@ -82,8 +80,7 @@ fn committed_offset(
 /// Kafka errors or [`DltError::Timeout`].
 pub fn newer_processed(
     consumer: &BaseConsumer,
-    kafka: &KafkaConfig,
-    bootstrap: &str,
+    scope: &DltScope,
     origins: &[Origin],
     deadline: Deadline,
 ) -> Result<DryRun, DltError> {
@@ -95,7 +92,7 @@ pub fn newer_processed(
     let mut out = DryRun { newer_of_each: vec![0; origins.len()], ..DryRun::default() };
     for ((topic, partition, group), members) in groups {
         let committed = match &group {
-            Some(g) => committed_offset(kafka, bootstrap, g, &topic, partition, deadline)?,
+            Some(g) => committed_offset(scope, g, &topic, partition, deadline)?,
             None => None,
         };
         let oldest = members.iter().filter_map(|i| origins[*i].offset).min();
