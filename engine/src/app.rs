@@ -170,6 +170,10 @@ pub async fn start_with(
     let stages: Vec<_> =
         running.iter().map(Pipeline::control).chain(antifraud.iter().map(Antifraud::control)).collect();
 
+    if !config.ledger.check_interval.is_zero() {
+        spawn_ledger_checks(pool.clone(), metrics.clone(), config.ledger.check_interval);
+    }
+
     let wake = Arc::new(Notify::new());
     let (listener_stop, listener_rx) = watch::channel(false);
     let mut listener = None;
@@ -237,6 +241,32 @@ pub async fn start_with(
         state_dropped,
     };
     Ok(daemon)
+}
+
+/// Evaluates the ledger invariants every `interval` on the actix system (read-only, one
+/// snapshot) and publishes them, so that `tally_ledger_invariant_ok` is current for the
+/// alert rules without anyone calling `/admin/ledger/check`. Ends with the system.
+fn spawn_ledger_checks(pool: tally_actors::store::PgPool, metrics: Metrics, interval: Duration) {
+    actix::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let checked = match pool.get().await {
+                Ok(mut conn) => tally_actors::store::check::check_ledger(&mut conn).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match checked {
+                Ok(check) => {
+                    tally_actors::store::check::publish(&check, &metrics);
+                    if !check.ok {
+                        tracing::error!(?check, "The ledger check failed: an invariant does not hold.");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "The periodic ledger check could not run."),
+            }
+        }
+    });
 }
 
 impl Daemon {

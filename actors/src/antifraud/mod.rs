@@ -156,6 +156,7 @@ impl Antifraud {
     /// # Errors
     /// When the consumer or the transactional producer cannot be created or initialised.
     pub fn start(spec: AntifraudSpec, risk: Box<dyn RiskEngine>, metrics: Metrics) -> KafkaResult<Self> {
+        crate::consume::publish_initial(&metrics, PIPELINE);
         let mut consumer_config = spec.consumer.clone();
         consumer_config
             .set("group.id", &spec.group_id)
@@ -288,6 +289,7 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngin
 /// with `now`, the assignment's pause state (a hold applies it when it ends instead).
 fn set_admin_pause(consumer: &BaseConsumer<AntifraudContext>, status: &Mutex<PipelineStatus>, pause: bool, now: bool) {
     consumer.context().admin_paused.store(pause, Ordering::Relaxed);
+    consumer.context().metrics.pipeline_paused.with_label_values(&[PIPELINE]).set(i64::from(pause));
     if now {
         hold::set_paused(consumer, pause);
     }

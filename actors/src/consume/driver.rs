@@ -46,12 +46,14 @@ pub(super) fn drive(
                     }
                     paused_all = true;
                     shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
+                    shared.metrics.pipeline_paused.with_label_values(&[&name]).set(1);
                     info!(pipeline = %name, "Pipeline paused.");
                     let _ = applied.send(());
                 }
                 Control::Resume(applied) => {
                     paused_all = false;
                     shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
+                    shared.metrics.pipeline_paused.with_label_values(&[&name]).set(0);
                     // While degraded the partitions stay paused; resumed when it ends.
                     if !shared.degraded_pause.load(Ordering::Relaxed) {
                         resume_unheld(consumer, shared);

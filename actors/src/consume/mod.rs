@@ -145,8 +145,16 @@ impl Pipeline {
     }
 }
 
-/// Publishes the pipeline's degraded gauge from the start (0), so that it is there to
-/// alert on before the first degradation.
+/// Publishes the pipeline's gauges and counters from the start (0), so that they are there
+/// to alert on before the first degradation, pause, retry or wait.
 fn publish_initial_health(shared: &DriverState) {
-    shared.metrics.pipeline_degraded.with_label_values(&[&shared.spec.name]).set(0);
+    publish_initial(&shared.metrics, &shared.spec.name);
+}
+
+/// The series of `pipeline` that alerts and dashboards use, at 0.
+pub(crate) fn publish_initial(metrics: &Metrics, pipeline: &str) {
+    metrics.pipeline_degraded.with_label_values(&[pipeline]).set(0);
+    metrics.pipeline_paused.with_label_values(&[pipeline]).set(0);
+    metrics.retries_total.with_label_values(&[pipeline]).inc_by(0);
+    metrics.dependency_waits_total.with_label_values(&[pipeline]).inc_by(0);
 }

@@ -21,6 +21,11 @@ pub struct LedgerConfig {
     /// balance or amount (422); settlement rejects a credit that would pass it
     /// (BALANCE_LIMIT_EXCEEDED). Keeps every sum far from 64-bit overflow.
     pub max_balance_cents: i64,
+    /// How often the daemon evaluates the ledger invariants by itself, publishing
+    /// `tally_ledger_invariant_ok` for the alert rules; zero turns it off. The check reads
+    /// every account and posting in one snapshot: on a large ledger, space it out.
+    #[serde(rename = "check_interval_secs", with = "super::duration::secs")]
+    pub check_interval: Duration,
     pub retry: RetryConfig,
 }
 
@@ -32,6 +37,7 @@ impl Default for LedgerConfig {
             max_concurrent_batches: 4,
             linger: Duration::from_millis(2),
             max_balance_cents: 1_000_000_000_000_000,
+            check_interval: Duration::from_secs(300),
             retry: RetryConfig::default(),
         }
     }

@@ -4,6 +4,7 @@
 
 mod broker;
 mod chaos;
+mod deploy;
 mod dlt_admin;
 mod docs;
 mod first_run;

@@ -1,0 +1,131 @@
+//! The Grafana dashboard and the Prometheus alert rules in `deploy/` against a running
+//! daemon: every `tally_*` metric they reference is exposed on its `/metrics`, and the
+//! rules pass `promtool check rules` and their unit tests (`promtool test rules`). Broker:
+//! librdkafka's mock cluster.
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use tally_integration_tests::{
+    create_account, final_state, post_transfer, produce, producer, spawn_app, wait_until, Deadline, WebhookReceiver,
+};
+
+const TOKEN: &str = "deploy-admin-token";
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Every `tally_*` metric family named in `text`, histogram suffixes removed.
+fn referenced(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("tally_") {
+        let tail = &rest[i..];
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        let name = &tail[..end];
+        let before = rest[..i].chars().last();
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.') && name.len() > 6 {
+            let family = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+            names.insert(family.to_owned());
+        }
+        rest = &tail[end.max(1)..];
+    }
+    names
+}
+
+/// The metric families `/metrics` exposes.
+fn exposed(metrics: &str) -> BTreeSet<String> {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_reference_finder_finds_metric_names() {
+    let found =
+        referenced(r#"rate(tally_records_total[1m]) / tally_handler_seconds_bucket{x="y"} xtally_no tally-x tally_"#);
+    assert_eq!(found.into_iter().collect::<Vec<_>>(), ["tally_handler_seconds", "tally_records_total"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_and_the_alerts_use_is_exposed() {
+    // The first delivery of every notification fails: the retry topics get used.
+    let receiver = WebhookReceiver::start(|_, n| if n < 2 { 500 } else { 200 }).await;
+    let url = receiver.url.clone();
+    let (env, app) = spawn_app(move |c| {
+        c.notifications.webhook_url = url;
+        c.notifications.webhook_secret = tally_engine::config::Secret::new("s3cret");
+        c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
+        // The daemon's own ledger check publishes tally_ledger_invariant_ok.
+        c.ledger.check_interval = std::time::Duration::from_secs(1);
+    })
+    .await;
+    create_account(&app, "DEP-A", 10_000, "BRL").await;
+    create_account(&app, "DEP-B", 0, "BRL").await;
+    let id = post_transfer(&app, "DEP-A", "DEP-B", 100).await;
+    assert_eq!(final_state(&app, id).await["status"], "SETTLED");
+    // A poison record: the ledger dead-letters it.
+    let p = producer(env.bootstrap());
+    produce(&p, "transfers.analyzed", None, "DEP-A", b"{not json", &[("event-type", "TransferAnalyzed")]).await;
+    wait_until("a dead letter, a notification retry and a periodic ledger check", Deadline::DEFAULT, || async {
+        let m = app.metrics().await;
+        let seen = ["tally_dlt_records_total{", "tally_retry_records_total{", "tally_ledger_invariant_ok{"];
+        if seen.iter().all(|s| m.contains(s)) {
+            Ok(())
+        } else {
+            Err(format!("not all of {seen:?} yet"))
+        }
+    })
+    .await;
+    for path in ["/admin/pipelines/projection/pause", "/admin/pipelines/projection/resume"] {
+        let res = app.send(app.client.post(format!("{}{path}", app.admin_url)).bearer_auth(TOKEN)).await;
+        assert_eq!(res.status(), 200, "{path}");
+    }
+    assert_eq!(app.admin_get("/admin/dlt").await.status(), 200);
+
+    let exposed = exposed(&app.metrics().await);
+    for file in ["grafana/tally.json", "prometheus/alerts.yml"] {
+        let text = std::fs::read_to_string(deploy_dir().join(file)).expect("read a deploy file");
+        let used = referenced(&text);
+        assert!(used.len() >= 8, "{file} names only {used:?}");
+        let missing: Vec<&String> = used.iter().filter(|n| !exposed.contains(*n)).collect();
+        assert!(missing.is_empty(), "{file} uses metrics /metrics does not expose: {missing:?}");
+    }
+}
+
+/// `promtool check rules` and the rules' unit tests, with the promtool of
+/// `scripts/ensure-promtool.sh` (on PATH, or taken from Debian's package). Skipped, saying
+/// why, only where neither is possible.
+#[test]
+fn the_alert_rules_pass_promtool() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let found = std::process::Command::new(root.join("scripts/ensure-promtool.sh")).output().expect("run the script");
+    if found.status.code() == Some(3) {
+        eprintln!("promtool cannot be installed here: {}", String::from_utf8_lossy(&found.stderr));
+        return;
+    }
+    assert!(found.status.success(), "ensure-promtool.sh: {}", String::from_utf8_lossy(&found.stderr));
+    let promtool = String::from_utf8(found.stdout).expect("a path").trim().to_owned();
+    for args in [
+        &["check", "rules", "alerts.yml"][..],
+        &["check", "config", "prometheus.yml"],
+        &["test", "rules", "alerts_test.yml"],
+    ] {
+        let out = std::process::Command::new(&promtool)
+            .args(args)
+            .current_dir(deploy_dir().join("prometheus"))
+            .output()
+            .expect("run promtool");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
