@@ -13,6 +13,7 @@ pub use tally_actors::dlt;
 pub mod http;
 pub mod kafka;
 pub mod pipelines;
+pub mod status;
 pub mod telemetry;
 
 pub use app::{spawn, spawn_with, Daemon, DaemonHandle, KafkaEndpoint, Parts};

@@ -54,6 +54,14 @@ enum Command {
     },
     /// Print the effective configuration as TOML, secrets redacted.
     Config,
+    /// Summarise a running daemon from its admin API: readiness, pipelines (lag, in flight,
+    /// keys in retry), outbox backlog, dead letters and the ledger check. Exits 1 when
+    /// something needs a look (not ready, a pipeline degraded, the ledger check failing).
+    Status {
+        /// The daemon's admin listener; default: `http.admin_addr` of the configuration.
+        #[arg(long, value_name = "URL")]
+        admin: Option<String>,
+    },
     /// Load scenarios against the local PostgreSQL and an embedded broker (`make bench`).
     Bench {
         #[command(subcommand)]
@@ -123,13 +131,16 @@ fn main() -> ExitCode {
         print!("{}", config.to_redacted_toml());
         return ExitCode::SUCCESS;
     }
+    if let Command::Status { admin } = &cli.command {
+        return status(&config, admin.as_deref());
+    }
     telemetry::init(&config.log);
     let result = match cli.command {
         Command::Run => run(config),
         Command::Migrate => migrate(&config),
         Command::Topics { action: TopicsCommand::Create } => topics_create(&config),
         Command::Broker { listen } => run_broker(&config, listen),
-        Command::Config => Ok(()),
+        Command::Config | Command::Status { .. } => Ok(()),
         Command::Bench { scenario: BenchScenario::Ledger { transfers, accounts, partitions, no_baseline } } => {
             tally_engine::bench::ledger::run(
                 &config,
@@ -151,6 +162,31 @@ fn main() -> ExitCode {
         Err(e) => {
             error!("{e:#}");
             eprintln!("tally: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tally status`: prints the summary; 0 when healthy, 1 when something needs a look or
+/// the daemon does not answer.
+fn status(config: &Config, admin: Option<&str>) -> ExitCode {
+    let admin = admin.map_or_else(|| format!("http://{}", config.http.admin_addr), str::to_owned);
+    let fetched = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(tally_engine::status::fetch(&admin)));
+    match fetched {
+        Ok(snapshot) => {
+            print!("{}", tally_engine::status::render(&snapshot));
+            if snapshot.healthy() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("tally status: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -423,3 +423,38 @@ async fn dlt_topics_have_at_least_their_sources_partitions() {
     .expect("metadata task");
     assert_eq!(partitions, 16, "orders.received-dlt is created with its source's partitions");
 }
+
+/// `tally status` against a running daemon: its pipelines, outbox, dead letters and ledger
+/// check on one screen, exit 0 while healthy; a daemon that does not answer is an error
+/// that names the address, exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tally_status_summarises_a_running_daemon() {
+    let (_env, app) = spawn_app(|_| {}).await;
+    wait_until("ready", Deadline::DEFAULT, || async {
+        match app.admin_get("/readyz").await.status() {
+            StatusCode::OK => Ok(()),
+            s => Err(s.to_string()),
+        }
+    })
+    .await;
+    let admin = app.admin_url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(tally_binary()).args(["status", "--admin", &admin]).output().expect("tally status")
+    })
+    .await
+    .expect("task");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}: {text}{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(": ready"), "{text}");
+    for pipeline in ["ledger", "antifraud", "projection", "orders"] {
+        assert!(text.lines().any(|l| l.starts_with(pipeline)), "{pipeline} missing: {text}");
+    }
+    assert!(text.contains("outbox: 0 pending"), "{text}");
+    assert!(text.contains("dead letters: 0 in topics"), "{text}");
+    assert!(text.contains("ledger check: ok"), "{text}");
+
+    let out = Command::new(tally_binary()).args(["status", "--admin", "http://127.0.0.1:9"]).output().expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no answer from http://127.0.0.1:9/readyz"), "{err}");
+}
