@@ -24,7 +24,12 @@ if [ ! -x "$bin" ]; then
       apt-get download prometheus >/dev/null 2>&1
     }
   ) || { echo "cannot download Debian's prometheus package" >&2; exit 3; }
-  dpkg-deb -x "$(ls "$dir"/deb/prometheus_*.deb | head -n 1)" "$dir"
-  rm -rf "$dir/deb"
+  # Extracted beside, then moved into place: an interrupted run never leaves a truncated
+  # promtool behind that the check above would take for a good one.
+  rm -rf "$dir/extract"
+  dpkg-deb -x "$(ls "$dir"/deb/prometheus_*.deb | head -n 1)" "$dir/extract"
+  mkdir -p "$dir/usr/bin"
+  mv "$dir/extract/usr/bin/promtool" "$bin"
+  rm -rf "$dir/deb" "$dir/extract"
 fi
 echo "$PWD/$bin"

@@ -447,7 +447,8 @@ async fn tally_status_summarises_a_running_daemon() {
     assert!(out.status.success(), "exit {:?}: {text}{}", out.status, String::from_utf8_lossy(&out.stderr));
     assert!(text.contains(": ready"), "{text}");
     for pipeline in ["ledger", "antifraud", "projection", "orders"] {
-        assert!(text.lines().any(|l| l.starts_with(pipeline)), "{pipeline} missing: {text}");
+        let row = |l: &&str| l.split_whitespace().take(2).collect::<Vec<_>>() == [pipeline, "running"];
+        assert!(text.lines().any(|l| row(&l)), "{pipeline} is not a running row: {text}");
     }
     assert!(text.contains("outbox: 0 pending"), "{text}");
     assert!(text.contains("dead letters: 0 in topics"), "{text}");
