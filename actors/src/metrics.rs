@@ -122,6 +122,7 @@ metrics! {
     antifraud_score: Histogram = "Risk scores given by the antifraud stage.", buckets &[10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0];
     notification_deliveries_total: IntCounterVec = "Webhook deliveries, by outcome (delivered, failed, already_delivered, dead_lettered).", labels ["outcome"];
     retry_records_total: IntCounterVec = "Records written to a retry topic, by topic and the attempt they carry.", labels ["topic", "attempt"];
+    ledger_check_success_timestamp_seconds: Gauge = "Unix time of the last periodic ledger check that ran (whatever it found).";
     ledger_invariant_ok: IntGaugeVec = "1 when the ledger invariant held at the last check, 0 otherwise.", labels ["invariant"];
 }
 

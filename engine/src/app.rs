@@ -170,7 +170,7 @@ pub async fn start_with(
     let stages: Vec<_> =
         running.iter().map(Pipeline::control).chain(antifraud.iter().map(Antifraud::control)).collect();
 
-    if !config.ledger.check_interval.is_zero() {
+    if config.pipelines.ledger && !config.ledger.check_interval.is_zero() {
         spawn_ledger_checks(pool.clone(), metrics.clone(), config.ledger.check_interval);
     }
 
@@ -203,6 +203,10 @@ pub async fn start_with(
         sources: config.kafka.topics.sources().into_iter().map(str::to_owned).collect(),
     };
     let dlt_probe = Arc::new(dlt_scope.reader().context("cannot create the DLT watermark consumer")?);
+    // At 0 from the start: an alert on their increase then sees the first dead letter too.
+    for (dlt, _) in dlt_scope.dlt_topics() {
+        metrics.dlt_records_total.with_label_values(&[&dlt]).inc_by(0);
+    }
     let (state_dropped_tx, state_dropped) = std::sync::mpsc::channel();
     let state = web::Data::new(AppState {
         pool,
@@ -245,10 +249,17 @@ pub async fn start_with(
 
 /// Evaluates the ledger invariants every `interval` on the actix system (read-only, one
 /// snapshot) and publishes them, so that `tally_ledger_invariant_ok` is current for the
-/// alert rules without anyone calling `/admin/ledger/check`. Ends with the system.
+/// alert rules without anyone calling `/admin/ledger/check`, with the time of the last
+/// check that ran (`tally_ledger_check_success_timestamp_seconds`), so that a check that
+/// cannot run alerts too. Runs only where the ledger pipeline runs. Ends with the system.
 fn spawn_ledger_checks(pool: tally_actors::store::PgPool, metrics: Metrics, interval: Duration) {
+    // From now: a check that never manages to run shows as ever older.
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    metrics.ledger_check_success_timestamp_seconds.set(started.as_secs_f64());
     actix::spawn(async move {
-        let mut ticks = tokio::time::interval(interval);
+        // The first check after one interval, not at every start (a rollout would scan the
+        // ledger once per instance at once).
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
@@ -259,6 +270,8 @@ fn spawn_ledger_checks(pool: tally_actors::store::PgPool, metrics: Metrics, inte
             match checked {
                 Ok(check) => {
                     tally_actors::store::check::publish(&check, &metrics);
+                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                    metrics.ledger_check_success_timestamp_seconds.set(now.as_secs_f64());
                     if !check.ok {
                         tracing::error!(?check, "The ledger check failed: an invariant does not hold.");
                     }

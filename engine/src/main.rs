@@ -120,6 +120,11 @@ enum TopicsCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // With an explicit address, `tally status` needs no configuration (an operator's shell
+    // may lack the daemon's secrets).
+    if let Command::Status { admin: Some(admin) } = &cli.command {
+        return status(admin);
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -131,8 +136,8 @@ fn main() -> ExitCode {
         print!("{}", config.to_redacted_toml());
         return ExitCode::SUCCESS;
     }
-    if let Command::Status { admin } = &cli.command {
-        return status(&config, admin.as_deref());
+    if let Command::Status { admin: None } = &cli.command {
+        return status(&format!("http://{}", config.http.admin_addr));
     }
     telemetry::init(&config.log);
     let result = match cli.command {
@@ -169,13 +174,12 @@ fn main() -> ExitCode {
 
 /// `tally status`: prints the summary; 0 when healthy, 1 when something needs a look or
 /// the daemon does not answer.
-fn status(config: &Config, admin: Option<&str>) -> ExitCode {
-    let admin = admin.map_or_else(|| format!("http://{}", config.http.admin_addr), str::to_owned);
+fn status(admin: &str) -> ExitCode {
     let fetched = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(anyhow::Error::from)
-        .and_then(|rt| rt.block_on(tally_engine::status::fetch(&admin)));
+        .and_then(|rt| rt.block_on(tally_engine::status::fetch(admin)));
     match fetched {
         Ok(snapshot) => {
             print!("{}", tally_engine::status::render(&snapshot));

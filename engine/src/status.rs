@@ -27,7 +27,8 @@ impl Snapshot {
         let degraded = self.pipelines["pipelines"]
             .as_array()
             .is_some_and(|all| all.iter().any(|p| p["degraded"].as_bool().unwrap_or(false)));
-        self.not_ready.is_none() && !degraded && self.ledger["ok"].as_bool().unwrap_or(false)
+        let unavailable = [&self.outbox, &self.dlt, &self.ledger].iter().any(|v| v.get("unavailable").is_some());
+        self.not_ready.is_none() && !degraded && !unavailable && self.ledger["ok"].as_bool().unwrap_or(false)
     }
 }
 
@@ -60,9 +61,19 @@ pub async fn fetch(admin: &str) -> anyhow::Result<Snapshot> {
     if !pipelines["pipelines"].is_array() {
         return Err(anyhow!("{admin} does not look like a tally admin listener (no pipelines in /admin/pipelines)"));
     }
-    let (_, outbox) = get("/admin/outbox").await?;
-    let (_, dlt) = get("/admin/dlt").await?;
-    let (_, ledger) = get("/admin/ledger/check").await?;
+    // An endpoint that answers with an error shows as unavailable, never as zeros. The
+    // ledger check answers 409 with its findings when an invariant does not hold.
+    let part = |(status, body): (reqwest::StatusCode, Value), ok: &[u16]| {
+        if status.is_success() || ok.contains(&status.as_u16()) {
+            body
+        } else {
+            let error = body["error"]["message"].as_str().map_or_else(|| body.to_string(), str::to_owned);
+            serde_json::json!({ "unavailable": format!("{status}: {error}") })
+        }
+    };
+    let outbox = part(get("/admin/outbox").await?, &[]);
+    let dlt = part(get("/admin/dlt").await?, &[]);
+    let ledger = part(get("/admin/ledger/check").await?, &[409]);
     Ok(Snapshot { admin, not_ready, pipelines, outbox, dlt, ledger })
 }
 
@@ -120,12 +131,19 @@ pub fn render(s: &Snapshot) -> String {
         }
     }
     let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "outbox: {} pending, oldest {:.1} s",
-        count(&s.outbox["pending"]),
-        s.outbox["oldestAgeSeconds"].as_f64().unwrap_or(0.0)
-    );
+    for (what, v) in [("outbox", &s.outbox), ("dead letters", &s.dlt), ("ledger check", &s.ledger)] {
+        if let Some(why) = v["unavailable"].as_str() {
+            let _ = writeln!(out, "{what}: UNAVAILABLE ({why})");
+        }
+    }
+    if s.outbox.get("unavailable").is_none() {
+        let _ = writeln!(
+            out,
+            "outbox: {} pending, oldest {:.1} s",
+            count(&s.outbox["pending"]),
+            s.outbox["oldestAgeSeconds"].as_f64().unwrap_or(0.0)
+        );
+    }
     let topics: Vec<String> = s.dlt["topics"]
         .as_array()
         .into_iter()
@@ -133,18 +151,22 @@ pub fn render(s: &Snapshot) -> String {
         .filter(|t| count(&t["records"]) > 0)
         .map(|t| format!("{} {}", t["topic"].as_str().unwrap_or("?"), count(&t["records"])))
         .collect();
-    let _ = writeln!(
-        out,
-        "dead letters: {} in topics{}; {} in the dead_letters table ({} not replayed)",
-        count(&s.dlt["records"]),
-        if topics.is_empty() { String::new() } else { format!(" ({})", topics.join(", ")) },
-        count(&s.dlt["deadLetters"]["records"]),
-        count(&s.dlt["deadLetters"]["notReplayed"]),
-    );
+    if s.dlt.get("unavailable").is_none() {
+        let _ = writeln!(
+            out,
+            "dead letters: {} in topics{}; {} in the dead_letters table ({} not replayed)",
+            count(&s.dlt["records"]),
+            if topics.is_empty() { String::new() } else { format!(" ({})", topics.join(", ")) },
+            count(&s.dlt["deadLetters"]["records"]),
+            count(&s.dlt["deadLetters"]["notReplayed"]),
+        );
+    }
     let invariants = s.ledger["invariants"].as_array().map_or(&[][..], Vec::as_slice);
     let failed: Vec<&str> =
         invariants.iter().filter(|i| !i["ok"].as_bool().unwrap_or(false)).filter_map(|i| i["name"].as_str()).collect();
-    if s.ledger["ok"].as_bool().unwrap_or(false) {
+    if s.ledger.get("unavailable").is_some() {
+        // Said above.
+    } else if s.ledger["ok"].as_bool().unwrap_or(false) {
         let _ = writeln!(out, "ledger check: ok ({} invariants hold)", invariants.len());
     } else {
         let _ = writeln!(out, "ledger check: FAILED ({})", failed.join(", "));
@@ -197,5 +219,13 @@ mod tests {
         let text = render(&s);
         assert!(text.contains("NOT READY") && text.contains("  - database unreachable"), "{text}");
         assert!(text.contains("ledger check: FAILED (money_conserved)"), "{text}");
+        s.dlt = json!({ "unavailable": "503 Service Unavailable: Kafka timed out" });
+        let text = render(&s);
+        assert!(text.contains("dead letters: UNAVAILABLE (503 Service Unavailable: Kafka timed out)"), "{text}");
+        assert!(!text.contains("dead letters: 0"), "never zeros for an error: {text}");
+        s.not_ready = None;
+        s.pipelines = json!({ "pipelines": [] });
+        s.ledger = json!({ "ok": true, "invariants": [] });
+        assert!(!s.healthy(), "an unavailable part is not healthy");
     }
 }

@@ -156,7 +156,13 @@ impl Antifraud {
     /// # Errors
     /// When the consumer or the transactional producer cannot be created or initialised.
     pub fn start(spec: AntifraudSpec, risk: Box<dyn RiskEngine>, metrics: Metrics) -> KafkaResult<Self> {
-        crate::consume::publish_initial(&metrics, PIPELINE);
+        // At 0 from the start: what this stage moves (it has no degraded state: a hold
+        // retries under its own policy, counted in retries).
+        metrics.pipeline_paused.with_label_values(&[PIPELINE]).set(0);
+        metrics.retries_total.with_label_values(&[PIPELINE]).inc_by(0);
+        for outcome in ["committed", "failed", "aborted", "retried", "producer_renewed"] {
+            metrics.kafka_transactions_total.with_label_values(&[outcome]).inc_by(0);
+        }
         let mut consumer_config = spec.consumer.clone();
         consumer_config
             .set("group.id", &spec.group_id)
