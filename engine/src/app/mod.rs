@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web::dev::ServerHandle;
 use actix_web::web;
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use rdkafka::producer::FutureProducer;
 use tally_actors::ledger::Settler;
 use tally_actors::outbox::{self, OutboxPublisher, OutboxRelay, PublisherSettings, StopPublishing};
@@ -25,9 +25,12 @@ use crate::kafka;
 use crate::pipelines;
 use tally_actors::antifraud::Antifraud;
 use tally_actors::consume::Pipeline;
-use tally_actors::store::migrate;
 
 /// Where the daemon's Kafka clients connect.
+mod handle;
+
+pub use handle::{spawn, spawn_with, DaemonHandle};
+
 #[derive(Clone)]
 pub struct KafkaEndpoint {
     pub bootstrap: String,
@@ -102,7 +105,7 @@ impl std::fmt::Debug for Parts {
 }
 
 /// Starts every part of the daemon. Must run inside an actix `System`; the database must
-/// already be prepared ([`migrate::prepare_blocking`]).
+/// already be prepared ([`tally_actors::store::migrate::prepare_blocking`]).
 ///
 /// # Errors
 /// When a client cannot be created or a listener cannot be bound.
@@ -353,88 +356,4 @@ impl Stopped {
             drop(broker);
         }
     }
-}
-
-/// A daemon running on a thread of its own (its own actix `System`), for tests and the
-/// bench. Dropping the handle stops the daemon.
-pub struct DaemonHandle {
-    pub intake_addr: SocketAddr,
-    pub admin_addr: SocketAddr,
-    pub bootstrap: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl DaemonHandle {
-    /// Shuts the daemon down in order and waits for its thread.
-    pub fn stop(mut self) {
-        self.stop_inner();
-    }
-
-    fn stop_inner(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for DaemonHandle {
-    fn drop(&mut self) {
-        self.stop_inner();
-    }
-}
-
-/// Prepares the database, then starts a daemon on a new thread and waits until it serves.
-/// `broker` reuses an embedded broker that outlives the daemon (tests that restart it).
-///
-/// # Errors
-/// When the database cannot be prepared or the daemon cannot start.
-pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Result<DaemonHandle> {
-    spawn_with(config, broker, Parts::default())
-}
-
-/// [`spawn`] with replacement [`Parts`].
-///
-/// # Errors
-/// As [`spawn`].
-pub fn spawn_with(config: Config, broker: Option<Arc<EmbeddedBroker>>, parts: Parts) -> anyhow::Result<DaemonHandle> {
-    let expected = migrate::embedded_versions()?;
-    migrate::prepare_blocking(config.database.url.expose())?;
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::Builder::new()
-        .name("tally-daemon".into())
-        .spawn(move || {
-            let system = actix::System::new();
-            let endpoint = system.block_on(async move {
-                let started = async {
-                    let kafka = KafkaEndpoint::prepare(&config, broker).await?;
-                    start_with(config, kafka, expected, parts).await
-                }
-                .await;
-                match started {
-                    Ok(daemon) => {
-                        let _ =
-                            ready_tx.send(Ok((daemon.intake_addr, daemon.admin_addr, daemon.kafka.bootstrap.clone())));
-                        let _ = stop_rx.await;
-                        Some(daemon.shutdown().await)
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        None
-                    }
-                }
-            });
-            drop(system);
-            if let Some(stopped) = endpoint {
-                stopped.release();
-            }
-        })
-        .context("cannot start the daemon thread")?;
-    let (intake_addr, admin_addr, bootstrap) =
-        ready_rx.recv().map_err(|_| anyhow!("the daemon thread ended before it started"))??;
-    Ok(DaemonHandle { intake_addr, admin_addr, bootstrap, stop: Some(stop_tx), thread: Some(thread) })
 }
