@@ -81,7 +81,8 @@ fn count(v: &Value) -> i64 {
     v.as_i64().unwrap_or(0)
 }
 
-/// The summary as text.
+/// The summary as text. Over 80 lines because it is the screen, top to bottom: readiness,
+/// the pipeline table, then one line each for the outbox, dead letters and the ledger.
 #[must_use]
 pub fn render(s: &Snapshot) -> String {
     let mut out = String::new();

@@ -74,7 +74,13 @@ async fn every_metric_the_dashboard_and_the_alerts_use_is_exposed() {
     produce(&p, "transfers.analyzed", None, "DEP-A", b"{not json", &[("event-type", "TransferAnalyzed")]).await;
     wait_until("a dead letter, a notification retry and a periodic ledger check", Deadline::DEFAULT, || async {
         let m = app.metrics().await;
-        let seen = ["tally_dlt_records_total{", "tally_retry_records_total{", "tally_ledger_invariant_ok{"];
+        // Lag comes from librdkafka statistics, every 5 s.
+        let seen = [
+            "tally_dlt_records_total{",
+            "tally_retry_records_total{",
+            "tally_ledger_invariant_ok{",
+            "tally_consumer_lag{",
+        ];
         if seen.iter().all(|s| m.contains(s)) {
             Ok(())
         } else {
