@@ -34,6 +34,9 @@ fn every_path_the_docs_cite_exists() {
 
 #[test]
 fn the_code_points_nowhere_outside_the_repository() {
+    // Built from pieces, so that this file does not name them itself: the design notes the
+    // project started from, section signs that cite them, and the folder they live in.
+    let forbidden = [["DESIGN", ".md"].concat(), '\u{a7}'.to_string(), ["..", "/", "shared"].concat()];
     let mut offenders = Vec::new();
     let mut pending =
         vec![root().join("actors"), root().join("engine"), root().join("schema"), root().join("integration-tests")];
@@ -42,9 +45,9 @@ fn the_code_points_nowhere_outside_the_repository() {
             let path = entry.path();
             if path.is_dir() {
                 pending.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("docs.rs") {
+            } else if path.extension().is_some_and(|e| e == "rs") {
                 let text = std::fs::read_to_string(&path).expect("read a source file");
-                if text.contains("DESIGN.md") || text.contains('\u{a7}') || text.contains("../shared") {
+                if forbidden.iter().any(|f| text.contains(f.as_str())) {
                     offenders.push(path.display().to_string());
                 }
             }
