@@ -146,6 +146,11 @@ pub fn account(i: usize) -> String {
     format!("ACC-{i:05}")
 }
 
+/// [`account`] in SQL, of an integer column `i`: the ids the bench creates in the database.
+/// `lpad` alone truncates to its length (`lpad('100000', 5)` is `10000`, a duplicate key
+/// past 99,999 accounts); padding to at least 5 digits is what `{i:05}` does.
+pub const ACCOUNT_ID_SQL: &str = "'ACC-' || lpad(i::text, greatest(5, length(i::text)), '0')";
+
 /// Drops and re-creates database `name` on the server of `database.url`, migrates it, and
 /// creates `accounts` accounts `ACC-00000`.. with 1,000,000 cents each. Returns its URL.
 ///
@@ -186,8 +191,10 @@ async fn create_accounts(url: &str, n: usize) -> anyhow::Result<()> {
     let n = i32::try_from(n).context("too many accounts")?;
     client
         .execute(
-            "INSERT INTO accounts (id, balance_cents, currency) \
-             SELECT 'ACC-' || lpad(i::text, 5, '0'), 1000000, 'BRL' FROM generate_series(0, $1 - 1) AS i",
+            &format!(
+                "INSERT INTO accounts (id, balance_cents, currency) \
+                 SELECT {ACCOUNT_ID_SQL}, 1000000, 'BRL' FROM generate_series(0, $1 - 1) AS i"
+            ),
             &[&n],
         )
         .await?;
