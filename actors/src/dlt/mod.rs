@@ -1,8 +1,8 @@
 //! Dead-letter topics, all in one place: writing a record to its DLT ([`write`], used by
 //! supervision), the inventory of the DLTs of this deployment, reading their records, and
-//! replaying records to their original topic. (Inventory and reading live here; writing,
-//! replay, dry runs and the `dead_letters` table view have files of their own.) Over 400
-//! lines because the record view and the reading loop sit here with their error type.
+//! replaying records to their original topic. (Reading lives here with the error type;
+//! writing, the inventory, replay, dry runs and the `dead_letters` table view have files
+//! of their own.)
 //!
 //! Everything here talks to Kafka with blocking librdkafka calls bounded by a deadline;
 //! HTTP handlers run it on a blocking thread (`web::block`). Reads use an `assign`ed
@@ -17,24 +17,24 @@
 use std::time::{Duration, Instant};
 
 mod dry_run;
+mod inventory;
 mod replay;
 pub mod table;
 mod write;
 
 pub use dry_run::{newer_processed, DryRun, KeySummary, Origin};
+pub use inventory::{inventory, publish, DltScope, PartitionCount, TopicCount};
+use inventory::{partitions_of, watermarks};
 pub use replay::{prepare_replay, replay, republish, send_all, ReplayRequest, Replayed, Republish};
 pub use write::{dlt_headers, is_permanent_dlt_error, DeadLetters, Stopping};
 
 use base64::Engine as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
-use serde::Serialize;
 use serde_json::{json, Value};
-use tally_schema::{headers, topics};
-
-use crate::kafka::KafkaClients;
+use tally_schema::headers;
 
 /// Default and maximum number of records of one read (`GET /admin/dlt/{topic}`).
 pub const DEFAULT_LIMIT: usize = 100;
@@ -94,37 +94,6 @@ impl DltError {
     }
 }
 
-/// What the DLT administration works on: the Kafka clients of this deployment and the
-/// source topics whose dead letters it manages.
-#[derive(Debug, Clone)]
-pub struct DltScope {
-    pub clients: KafkaClients,
-    pub sources: Vec<String>,
-}
-
-impl DltScope {
-    /// The DLT topics: the `-dlt` twin of every source topic, each with its source.
-    #[must_use]
-    pub fn dlt_topics(&self) -> Vec<(String, String)> {
-        self.sources.iter().map(|s| (topics::dlt(s), s.clone())).collect()
-    }
-
-    /// The source topic of `dlt` when `dlt` is one of this scope's DLT topics.
-    #[must_use]
-    pub fn source_of(&self, dlt: &str) -> Option<String> {
-        self.dlt_topics().into_iter().find(|(d, _)| d == dlt).map(|(_, s)| s)
-    }
-
-    /// An `assign`-only consumer: no group membership, no commits, `partition EOF` events
-    /// on.
-    ///
-    /// # Errors
-    /// [`DltError::Client`] when librdkafka rejects the configuration.
-    pub fn reader(&self) -> Result<BaseConsumer, DltError> {
-        self.clients.reader("tally-dlt-admin", None).create().map_err(DltError::Client)
-    }
-}
-
 /// A deadline for a sequence of blocking calls.
 #[derive(Debug, Clone, Copy)]
 pub struct Deadline {
@@ -145,81 +114,6 @@ impl Deadline {
         } else {
             Ok(left)
         }
-    }
-}
-
-/// Record count of one partition: `high - low`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct PartitionCount {
-    pub partition: i32,
-    pub low: i64,
-    pub high: i64,
-    pub records: i64,
-}
-
-/// Record count of one DLT topic, summed over its partitions.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct TopicCount {
-    pub topic: String,
-    pub source_topic: String,
-    pub records: i64,
-    pub partitions: Vec<PartitionCount>,
-}
-
-/// The partition ids of `topic`, sorted.
-fn partitions_of(consumer: &BaseConsumer, topic: &str, deadline: Deadline) -> Result<Vec<i32>, DltError> {
-    let what = format!("fetching metadata of {topic}");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), deadline.remaining(&what)?)
-        .map_err(|source| DltError::Kafka { what: what.clone(), source })?;
-    let meta = metadata.topics().iter().find(|t| t.name() == topic).ok_or_else(|| DltError::Kafka {
-        what: what.clone(),
-        source: KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition),
-    })?;
-    if let Some(err) = meta.error() {
-        return Err(DltError::Kafka { what, source: KafkaError::MetadataFetch(err.into()) });
-    }
-    let mut ids: Vec<i32> = meta.partitions().iter().map(rdkafka::metadata::MetadataPartition::id).collect();
-    ids.sort_unstable();
-    Ok(ids)
-}
-
-fn watermarks(
-    consumer: &BaseConsumer,
-    topic: &str,
-    partition: i32,
-    deadline: Deadline,
-) -> Result<(i64, i64), DltError> {
-    let what = format!("fetching watermarks of {topic}/{partition}");
-    consumer
-        .fetch_watermarks(topic, partition, deadline.remaining(&what)?)
-        .map_err(|source| DltError::Kafka { what, source })
-}
-
-/// Record counts of every DLT topic of this configuration.
-///
-/// # Errors
-/// When metadata or watermarks cannot be fetched before `deadline`.
-pub fn inventory(consumer: &BaseConsumer, scope: &DltScope, deadline: Deadline) -> Result<Vec<TopicCount>, DltError> {
-    let mut out = Vec::new();
-    for (topic, source) in scope.dlt_topics() {
-        let mut partitions = Vec::new();
-        for partition in partitions_of(consumer, &topic, deadline)? {
-            let (low, high) = watermarks(consumer, &topic, partition, deadline)?;
-            partitions.push(PartitionCount { partition, low, high, records: (high - low).max(0) });
-        }
-        let records = partitions.iter().map(|p| p.records).sum();
-        out.push(TopicCount { topic, source_topic: source, records, partitions });
-    }
-    Ok(out)
-}
-
-/// Sets `tally_dlt_topic_records` from an inventory.
-pub fn publish(counts: &[TopicCount], metrics: &crate::Metrics) {
-    for t in counts {
-        metrics.dlt_topic_records.with_label_values(&[&t.topic]).set(t.records);
     }
 }
 
