@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests create a fresh database per test on this server.
 export TALLY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: help run test test-kafka chaos lint fmt migrate broker schema db bench noida
+.PHONY: help run test test-kafka chaos lint fmt migrate broker schema db bench noida browser
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -16,7 +16,7 @@ db: ## Make sure the local PostgreSQL is running
 run: db ## Run the daemon on the embedded defaults (local PostgreSQL, in-process Kafka)
 	$(CARGO) run -p tally-engine --bin tally -- run
 
-test: db noida ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
+test: db noida browser ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
 	$(CARGO) test --workspace --all-targets --no-fail-fast
 
 test-kafka: db ## The transaction tests against another cluster (set TALLY_TEST_KAFKA=host:port)
@@ -27,6 +27,9 @@ CHAOS_SECS ?= 300
 chaos: db ## The history checker under faults, long profile (CHAOS_SECS=300; CHAOS_SEED=n replays a schedule)
 	TALLY_CHAOS_SECS=$(CHAOS_SECS) $(if $(CHAOS_SEED),TALLY_CHAOS_SEED=$(CHAOS_SEED)) \
 		$(CARGO) test -p tally-integration-tests --test it chaos:: -- --nocapture
+
+browser: ## Install Debian's Chromium and ChromeDriver (the console's browser tests), once; TALLY_SKIP_BROWSER=1 skips them
+	@scripts/ensure-chromium.sh >/dev/null || [ "$$TALLY_SKIP_BROWSER" = 1 ]
 
 noida: ## Install noida-db (a Kafka with real transactions, for tests) under target/, once
 	@scripts/ensure-noida.sh >/dev/null

@@ -5,7 +5,8 @@
 //! without an actix `System`.
 //!
 //! Also every SQL statement ([`store`]), every Kafka client's settings ([`kafka`]), the
-//! dead-letter topics ([`dlt`]) and the one backoff curve ([`backoff`]).
+//! dead-letter topics ([`dlt`]), the one backoff curve ([`backoff`]) and the hop spans of
+//! distributed traces ([`trace`]).
 //!
 //! Depends on `tally-schema`; `tally-engine` depends on this crate. The design, with the
 //! life of a record and the reasons behind it, is `docs/ARCHITECTURE.md` at the repository
@@ -25,5 +26,6 @@ pub mod outbox;
 pub mod projection;
 pub mod store;
 pub mod supervise;
+pub mod trace;
 
 pub use metrics::Metrics;

@@ -139,7 +139,13 @@ fn main() -> ExitCode {
     if let Command::Status { admin: None } = &cli.command {
         return status(&format!("http://{}", config.http.admin_addr));
     }
-    telemetry::init(&config.log);
+    let traces = match telemetry::init(&config) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("tally: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Run => run(config),
         Command::Migrate => migrate(&config),
@@ -162,6 +168,8 @@ fn main() -> ExitCode {
             )
         }
     };
+    // Every span has ended (`run` returns after the actor system is gone): send the last.
+    traces.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

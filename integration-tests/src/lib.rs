@@ -13,6 +13,7 @@
 //! | `wait` | [`Deadline`], [`wait_until`], [`init_logging`] |
 //! | `webhook` | [`WebhookReceiver`] |
 //! | `noida` | a noida-db broker (real transactions) |
+//! | `browser` | [`Browser`]: headless Chromium over WebDriver, screenshots under `target/ui/` |
 //!
 //! Conventions every test follows:
 //! - Each test owns its database and its broker, so default topic names never collide
@@ -52,6 +53,7 @@ use tally_engine::{Config, DaemonHandle};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};
 
+mod browser;
 mod client;
 mod daemon;
 mod db;
@@ -60,6 +62,7 @@ pub mod noida;
 mod wait;
 mod webhook;
 
+pub use browser::*;
 pub use client::*;
 pub use daemon::*;
 pub use db::*;

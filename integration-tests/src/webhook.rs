@@ -1,4 +1,5 @@
-//! A local webhook receiver for the notification tests.
+//! A local webhook receiver for the notification tests (and an OTLP/HTTP receiver for
+//! the trace tests: it records any POST).
 
 use super::*;
 
@@ -6,6 +7,8 @@ use super::*;
 #[derive(Debug, Clone)]
 pub struct ReceivedCall {
     pub at: std::time::SystemTime,
+    /// The request line's method and target, e.g. `POST /hook`.
+    pub request: String,
     pub headers: std::collections::HashMap<String, String>,
     pub body: Vec<u8>,
     /// The status answered.
@@ -50,6 +53,7 @@ impl WebhookReceiver {
                     if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
                         return;
                     }
+                    let request = line.rsplit_once(' ').map_or(line.trim_end(), |(r, _)| r).to_owned();
                     let mut headers = std::collections::HashMap::new();
                     loop {
                         line.clear();
@@ -72,7 +76,7 @@ impl WebhookReceiver {
                     let status = {
                         let mut calls = recorded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                         let status = respond(&body, calls.len());
-                        calls.push(ReceivedCall { at: std::time::SystemTime::now(), headers, body, status });
+                        calls.push(ReceivedCall { at: std::time::SystemTime::now(), request, headers, body, status });
                         status
                     };
                     let reply = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::decisions::{self, Decision};
 use super::hold::{drop_partitions, rewind, Hold, OfRecord};
-use super::output::{self, Output};
+use super::output::{self, Hops, Output};
 use super::txn::{
     finish, lost_membership, new_producer, next_offsets, permanently_refused, recovery, transact, Phase, Recovery,
     TxnFailure, TxnProducer,
@@ -83,14 +83,21 @@ pub(super) fn decide(
 
 /// What the stage writes for each record of the batch: its decision's event, or a dead
 /// letter for a record that cannot be decoded or contradicts its stored decision.
-pub(super) fn outputs(batch: Vec<Record>, decided: &HashMap<Uuid, Decision>, spec: &AntifraudSpec) -> Vec<Item> {
+/// Each output is recorded on the record's hop span in `hops`.
+pub(super) fn outputs(
+    batch: Vec<Record>,
+    decided: &HashMap<Uuid, Decision>,
+    spec: &AntifraudSpec,
+    hops: &Hops,
+) -> Vec<Item> {
     batch
         .into_iter()
         .map(|record| {
-            let output = match output::decode(&record) {
-                Err(reason) => output::poison(&record, spec, reason),
+            let decoded = output::decode(&record);
+            let output = match &decoded {
+                Err(reason) => output::poison(&record, spec, reason.clone()),
                 Ok(t) => match decided.get(&t.transfer_id) {
-                    Some(d) if d.decides(&t) => output::decided(&record, &t, d, spec),
+                    Some(d) if d.decides(t) => output::decided(t, d, spec, hops.traceparent(&record)),
                     Some(_) => output::poison(
                         &record,
                         spec,
@@ -104,6 +111,7 @@ pub(super) fn outputs(batch: Vec<Record>, decided: &HashMap<Uuid, Decision>, spe
                     None => output::poison(&record, spec, "no decision could be made".into()),
                 },
             };
+            hops.decided(&record, decoded.ok().map(|t| t.transfer_id), output.outcome);
             Item { record, output, stored: false }
         })
         .collect()

@@ -275,6 +275,8 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngin
             continue;
         }
         metrics.inflight.with_label_values(&[PIPELINE, "all"]).set(batch.len() as i64);
+        // Each record's `antifraud.decide` span, ended when the batch is done.
+        let hops = output::Hops::start(&batch);
         let Some(decided) = batch::decide(io, &mut batch, risk.as_mut()) else {
             // Stopping while the database was away: nothing was produced or committed.
             return;
@@ -282,7 +284,7 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngin
         for d in decided.values() {
             metrics.antifraud_score.observe(f64::from(d.score));
         }
-        let items = batch::outputs(batch, &decided, spec);
+        let items = batch::outputs(batch, &decided, spec, &hops);
         if !batch::commit_batch(io, &mut producer, items) {
             return;
         }

@@ -1,17 +1,24 @@
 //! What the antifraud stage writes for one input record (plain logic): the decoded
 //! request, and the output record built from its stored [`Decision`], or a dead-letter
-//! record for input that cannot be decoded.
+//! record for input that cannot be decoded; and the record's `antifraud.decide` hop span
+//! ([`Hops`]).
+
+use std::collections::HashMap;
 
 use chrono::Datelike;
 use rdkafka::message::{Header, OwnedHeaders};
 use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRejected, TransferRequested};
 use tally_schema::values::is_valid_traceparent;
 use tally_schema::{headers, topics, AccountId, Currency, EventType};
+use tracing::field::{display, Empty};
+use tracing::Span;
+use uuid::Uuid;
 
 use super::decisions::Decision;
 use super::{AntifraudSpec, ANALYZED_KIND, REJECTED_KIND};
 use crate::consume::Record;
 use crate::supervise::dlt_headers;
+use crate::trace;
 
 /// One output record of a batch.
 pub(super) struct Output {
@@ -62,7 +69,8 @@ pub(super) fn poison(record: &Record, spec: &AntifraudSpec, reason: String) -> O
 /// The output of a decided transfer: `TransferAnalyzed` or `TransferRejected`, keyed by the
 /// source account, with an id derived from the transfer id and the decision's own score,
 /// reason and time, so every delivery of the transfer publishes the same event.
-pub(super) fn decided(record: &Record, t: &TransferRequested, d: &Decision, spec: &AntifraudSpec) -> Output {
+/// `traceparent` is the one the output carries (see [`Hops::traceparent`]).
+pub(super) fn decided(t: &TransferRequested, d: &Decision, spec: &AntifraudSpec, traceparent: Option<&str>) -> Output {
     let (topic, id, kind, payload, outcome) = if d.blocked() {
         let id = derived_event_id(REJECTED_KIND, t.transfer_id);
         let event = TransferRejected {
@@ -92,7 +100,7 @@ pub(super) fn decided(record: &Record, t: &TransferRequested, d: &Decision, spec
         .insert(Header { key: headers::EVENT_TYPE, value: Some(kind.as_str().as_bytes()) });
     // Only a valid traceparent travels on: anything else could make the output too large
     // to publish, or too long for the ledger's outbox column.
-    if let Some(tp) = record.header_str(headers::TRACEPARENT).filter(|tp| is_valid_traceparent(tp)) {
+    if let Some(tp) = traceparent.filter(|tp| is_valid_traceparent(tp)) {
         hdrs = hdrs.insert(Header { key: headers::TRACEPARENT, value: Some(tp) });
     }
     Output {
@@ -104,5 +112,58 @@ pub(super) fn decided(record: &Record, t: &TransferRequested, d: &Decision, spec
         headers: hdrs,
         outcome,
         dead_letter: None,
+    }
+}
+
+/// The `antifraud.decide` hop spans of one batch, by partition and offset of their input
+/// record (the stage reads one topic): each lasts from the batch's decisions until its
+/// transaction commits or the stage gives up on it, and ends when the batch is dropped.
+/// Only records with a valid traceparent have one.
+pub(super) struct Hops(HashMap<(i32, i64), Hop>);
+
+struct Hop {
+    span: Span,
+    /// What the output carries: the span's own traceparent when traces are exported.
+    traceparent: Option<String>,
+}
+
+impl Hops {
+    pub(super) fn start(batch: &[Record]) -> Self {
+        let mut hops = HashMap::new();
+        for record in batch {
+            let Some(parent) = record.traceparent() else { continue };
+            let span = tracing::info_span!(
+                "antifraud.decide",
+                trace_id = Empty,
+                transfer.id = Empty,
+                messaging.destination.name = record.topic.as_str(),
+                outcome = Empty,
+            );
+            if span.is_disabled() {
+                continue;
+            }
+            let traceparent = trace::join(&span, Some(parent));
+            hops.insert((record.partition, record.offset), Hop { span, traceparent });
+        }
+        Self(hops)
+    }
+
+    /// The traceparent the output of `record` carries: its hop's own, else the record's
+    /// (when valid).
+    pub(super) fn traceparent<'a>(&'a self, record: &'a Record) -> Option<&'a str> {
+        self.0
+            .get(&(record.partition, record.offset))
+            .and_then(|h| h.traceparent.as_deref())
+            .or_else(|| record.traceparent())
+    }
+
+    /// Records what the stage writes for `record` on its hop span.
+    pub(super) fn decided(&self, record: &Record, transfer_id: Option<Uuid>, outcome: &'static str) {
+        if let Some(hop) = self.0.get(&(record.partition, record.offset)) {
+            if let Some(id) = transfer_id {
+                hop.span.record("transfer.id", display(id));
+            }
+            hop.span.record("outcome", outcome);
+        }
     }
 }

@@ -61,7 +61,7 @@ fn decide_one(amount: i64) -> (Output, Decision) {
     let t = output::decode(&r).unwrap();
     let (all, _) = decisions::decide_batch(&[&t], &HashMap::new(), &mut risk, 80, BLOCKED_BY_ANTIFRAUD, Utc::now());
     let d = all[&t.transfer_id].clone();
-    (output::decided(&r, &t, &d, &spec()), d)
+    (output::decided(&t, &d, &spec(), r.traceparent()), d)
 }
 
 #[test]

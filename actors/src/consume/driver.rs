@@ -326,6 +326,7 @@ fn publish_gauges(shared: &DriverState) {
     let mut status = shared.status.lock().unwrap_or_else(PoisonError::into_inner);
     status.partitions = partitions;
     status.keys_in_retry = shared.in_retry.load(Ordering::Relaxed);
+    status.oldest_in_flight_seconds = oldest as f64 / 1000.0;
     status.live_workers = live;
     status.degraded = degradation.is_some();
     status.waiting_for_dependency = degradation.as_ref().map_or(0, |d| d.waiting);

@@ -81,6 +81,12 @@ impl Record {
     pub fn header_str(&self, name: &str) -> Option<&str> {
         self.header(name).and_then(|v| std::str::from_utf8(v).ok())
     }
+
+    /// The `traceparent` header when it is a valid W3C one.
+    #[must_use]
+    pub fn traceparent(&self) -> Option<&str> {
+        self.header_str(tally_schema::headers::TRACEPARENT).filter(|v| tally_schema::values::is_valid_traceparent(v))
+    }
 }
 
 /// Whether `topic` is a retry topic of `original` (`tally_schema::topics::retry`).

@@ -21,6 +21,8 @@ pub struct PipelineStatus {
     pub partitions: Vec<PartitionStatus>,
     /// Keys whose record is waiting in blocking retry.
     pub keys_in_retry: usize,
+    /// Age of the oldest unfinished record (a key stuck in retry shows here), seconds.
+    pub oldest_in_flight_seconds: f64,
     pub live_workers: usize,
     /// Waiting for an unavailable dependency, partitions paused.
     pub degraded: bool,

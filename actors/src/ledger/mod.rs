@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use actix::Addr;
 use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
 use tally_schema::events::TransferAnalyzed;
 use tally_schema::values::is_valid_traceparent;
 use tally_schema::{headers, AccountId, Currency};
+use tracing::field::{display, Empty};
 
 pub use batcher::{BatchSettler, FlushPolicy, OnRequest, Settle, SettleError, SettlementBatcher, Settler};
 pub use settle::{
@@ -24,6 +24,7 @@ pub use settle::{
 
 use crate::consume::Record;
 use crate::supervise::{HandlerError, RecordHandler};
+use crate::trace;
 
 /// The ledger's record handler: one instance, shared by every account's
 /// [`crate::consume::KeyedWorker`] (the per-account actor, keyed by source account), which
@@ -45,6 +46,10 @@ impl LedgerHandler {
 /// # Errors
 /// A poison [`HandlerError`] naming what is wrong.
 pub fn decode_analyzed(record: &Record) -> Result<SettleRequest, HandlerError> {
+    Ok(SettleRequest { transfer: decode_transfer(record)?, traceparent: valid_traceparent(record) })
+}
+
+fn decode_transfer(record: &Record) -> Result<TransferAnalyzed, HandlerError> {
     let payload = record.payload.as_deref().ok_or_else(|| HandlerError::poison("record has no value"))?;
     let transfer: TransferAnalyzed = serde_json::from_slice(payload)
         .map_err(|e| HandlerError::poison(format!("undecodable TransferAnalyzed: {e}")))?;
@@ -58,7 +63,7 @@ pub fn decode_analyzed(record: &Record) -> Result<SettleRequest, HandlerError> {
     if transfer.source_account == transfer.destination_account {
         return Err(HandlerError::poison("invalid TransferAnalyzed: source and destination are the same account"));
     }
-    Ok(SettleRequest { transfer, traceparent: valid_traceparent(record) })
+    Ok(transfer)
 }
 
 /// The record's `traceparent` when it is a valid W3C one; anything else (too long for the
@@ -76,17 +81,29 @@ fn valid_traceparent(record: &Record) -> Option<String> {
 }
 
 impl RecordHandler for LedgerHandler {
+    /// Settles inside the record's `ledger.settle` span, which covers the wait for a batch
+    /// and the batch's transaction; the span's traceparent goes on the outcome event.
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
         let batcher = self.batcher.clone();
-        async move {
-            let request = decode_analyzed(&record)?;
-            match batcher.send(Settle(request)).await {
+        let span = tracing::info_span!(
+            "ledger.settle",
+            trace_id = Empty,
+            transfer.id = Empty,
+            messaging.destination.name = record.topic.as_str(),
+            outcome = Empty,
+        );
+        let traceparent = trace::join(&span, valid_traceparent(&record).as_deref());
+        let request = decode_transfer(&record).map(|transfer| SettleRequest { transfer, traceparent });
+        if let Ok(r) = &request {
+            span.record("transfer.id", display(r.transfer.transfer_id));
+        }
+        trace::handled(span, async move {
+            match batcher.send(Settle(request?)).await {
                 Ok(Ok(outcome)) => Ok(outcome.label()),
                 Ok(Err(e)) => Err(HandlerError { class: e.class, message: e.to_string() }),
                 Err(e) => Err(HandlerError::transient(format!("settlement batcher unavailable: {e}"))),
             }
-        }
-        .boxed()
+        })
     }
 }
 

@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
 use hmac::{Hmac, Mac};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -24,6 +23,7 @@ use rdkafka::util::Timeout;
 use serde::Deserialize;
 use sha2::Sha256;
 use tally_schema::{headers, topics};
+use tracing::field::{display, Empty};
 use tracing::{info, warn};
 use uuid::Uuid;
 
@@ -32,6 +32,7 @@ use crate::consume::Record;
 use crate::metrics::Metrics;
 use crate::store::{notifications, PgPool};
 use crate::supervise::{DeadLetters, HandlerError, RecordHandler};
+use crate::trace;
 
 /// Where and how to deliver.
 #[derive(Debug, Clone)]
@@ -101,14 +102,26 @@ impl Notifier {
 }
 
 impl RecordHandler for Notifier {
+    /// Delivers (or schedules a retry, or dead-letters) inside the record's
+    /// `notify.deliver` span; each attempt has its own.
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
         let (pool, http, producer) = (self.pool.clone(), self.http.clone(), self.producer.clone());
         let (settings, metrics) = (self.settings.clone(), self.metrics.clone());
         let dead_letters = self.dead_letters.clone();
-        async move {
+        let span = tracing::info_span!(
+            "notify.deliver",
+            trace_id = Empty,
+            transfer.id = Empty,
+            messaging.destination.name = record.topic.as_str(),
+            outcome = Empty,
+        );
+        trace::join(&span, record.traceparent());
+        let hop = span.clone();
+        trace::handled(span, async move {
             let body = record.payload.as_deref().ok_or_else(|| HandlerError::poison("record has no value"))?;
             let ids: EventIds = serde_json::from_slice(body)
                 .map_err(|e| HandlerError::poison(format!("undecodable transfer event: {e}")))?;
+            hop.record("transfer.id", display(ids.transfer_id));
             let attempt = record
                 .header_str(headers::RETRY_ATTEMPTS)
                 .and_then(|v| v.parse::<u32>().ok())
@@ -154,8 +167,7 @@ impl RecordHandler for Notifier {
             schedule_retry(&producer, &record, &retry_topic, attempt, delay, &failure).await?;
             metrics.retry_records_total.with_label_values(&[&retry_topic, &(attempt + 1).to_string()]).inc();
             Ok("retry_scheduled")
-        }
-        .boxed()
+        })
     }
 }
 

@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
 use tally_schema::events::{TransferRejected, TransferSettled};
 use tally_schema::models::status;
+use tracing::field::{display, Empty};
 use uuid::Uuid;
 
 use crate::consume::Record;
 use crate::store::{transfers, PgPool};
 use crate::supervise::{HandlerError, RecordHandler};
+use crate::trace;
 
 /// The final state an event asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,16 +68,27 @@ impl StatusProjector {
 }
 
 impl RecordHandler for StatusProjector {
+    /// Applies the change inside the record's `projection.apply` span.
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
         let pool = self.pool.clone();
+        let span = tracing::info_span!(
+            "projection.apply",
+            trace_id = Empty,
+            transfer.id = Empty,
+            messaging.destination.name = record.topic.as_str(),
+            outcome = Empty,
+        );
+        trace::join(&span, record.traceparent());
         let decoded = decode(&record, &self.settled_topic);
-        async move {
+        if let Ok(change) = &decoded {
+            span.record("transfer.id", display(change.transfer_id));
+        }
+        trace::handled(span, async move {
             let change = decoded?;
             // Unchanged: a duplicate, a late event after a final state, or a transfer this
             // database does not hold.
             Ok(if apply(&pool, &change).await? { "projected" } else { "unchanged" })
-        }
-        .boxed()
+        })
     }
 }
 

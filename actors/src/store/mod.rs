@@ -12,6 +12,7 @@
 //! | `notifications.rs` | `notification_deliveries` |
 //! | `decisions.rs` | `antifraud_decisions` |
 //! | `dead_letters.rs` | `dead_letters` |
+//! | `lookup.rs` | all of them, read-only: one transfer's story, for the operator console |
 //! | `check.rs` | all of them, read-only: the ledger invariants |
 //! | `pool.rs`, `migrate.rs` | connections; `__diesel_schema_migrations` |
 
@@ -19,6 +20,7 @@ pub mod accounts;
 pub mod check;
 pub mod dead_letters;
 pub mod decisions;
+pub mod lookup;
 pub mod migrate;
 pub mod notifications;
 pub mod orders;

@@ -10,7 +10,7 @@ use diesel::sql_types::{Array, BigInt, Nullable, Text, Uuid as SqlUuid};
 use diesel::QueryableByName;
 use diesel_async::scoped_futures::ScopedFutureExt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use tally_schema::events::TransferRequested;
+use tally_schema::events::{derived_event_id, TransferRequested};
 use tally_schema::models::{status, NewOutboxEvent, Transfer};
 use tally_schema::schema::transfers;
 use tally_schema::EventType;
@@ -46,6 +46,10 @@ pub enum Created {
     /// The idempotency key was seen with a different request: nothing was written.
     KeyConflict,
 }
+
+/// Kind of a `TransferRequested` event id: derived from the transfer id like every other
+/// event of a transfer, so its outbox row is found by primary key.
+pub const REQUESTED_KIND: &str = "requested";
 
 /// Inserts the transfer (PENDING) and its `TransferRequested` outbox row in one
 /// transaction, honouring `idempotency_key`.
@@ -91,7 +95,7 @@ pub async fn create_transfer(
                 return Ok(if req.matches(&existing) { Created::Replayed(existing) } else { Created::KeyConflict });
             };
             let event = TransferRequested {
-                event_id: Uuid::new_v4(),
+                event_id: derived_event_id(REQUESTED_KIND, transfer.id),
                 transfer_id: transfer.id,
                 source_account: transfer.source_account.clone(),
                 destination_account: transfer.destination_account.clone(),

@@ -25,6 +25,16 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// A stable name of the class, for logs and traces.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::Poison => "poison",
+            Self::Unavailable => "unavailable",
+        }
+    }
+
     /// The `dlt-exception-kind` value once this class leads to the DLT.
     #[must_use]
     pub fn dlt_kind(self) -> &'static str {

@@ -6,6 +6,8 @@
 //! 2. Open loop at the maximum (many concurrent clients): sustained transfers/s from POST
 //!    to a final status, measured as final transfers over the span from the first
 //!    creation to the last final update.
+//!
+//! Each phase also reports where the time went, hop by hop ([`super::hops`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +17,9 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-use super::{account, connect as db, fresh_database, peak_rss_mib, quantile, wait_for_zero, write_report, Progress};
+use super::{
+    account, connect as db, fresh_database, hops, peak_rss_mib, quantile, wait_for_zero, write_report, Progress,
+};
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, SecretUrl};
 
@@ -43,6 +47,8 @@ pub struct Phase {
     /// Intake commit to final status commit.
     pub final_p50_ms: Option<f64>,
     pub final_p99_ms: Option<f64>,
+    /// Where the time went, hop by hop (settled transfers).
+    pub hops: Vec<hops::Hop>,
 }
 
 #[derive(Debug, Serialize)]
@@ -191,6 +197,7 @@ async fn load(
         .map(|r| r.get::<_, f64>(0))
         .collect();
     final_ms.sort_by(f64::total_cmp);
+    let hops = hops::breakdown(&client_db).await?;
     clear(url).await?;
     Ok(Phase {
         name,
@@ -203,6 +210,7 @@ async fn load(
         post_p99_ms: quantile(&post_ms, 0.99),
         final_p50_ms: quantile(&final_ms, 0.5),
         final_p99_ms: quantile(&final_ms, 0.99),
+        hops,
     })
 }
 
@@ -227,6 +235,9 @@ fn print_table(r: &Report) {
             opt(p.final_p50_ms),
             opt(p.final_p99_ms)
         );
+        for line in hops::lines(&p.hops) {
+            println!("{line}");
+        }
     }
     println!(
         "latencies in ms; peak RSS {} MiB; ledger invariants {}",

@@ -4,6 +4,7 @@
 
 pub mod baseline;
 pub mod e2e;
+pub mod hops;
 pub mod ledger;
 pub mod outbox;
 

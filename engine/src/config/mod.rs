@@ -27,6 +27,7 @@ mod notifications;
 mod outbox;
 mod secrets;
 mod stages;
+mod telemetry;
 
 pub use antifraud::AntifraudConfig;
 use consumer::validate_group;
@@ -40,6 +41,7 @@ pub use notifications::NotificationsConfig;
 pub use outbox::OutboxConfig;
 pub use secrets::{ClientProperties, Secret, SecretUrl};
 pub use stages::{OrdersConfig, ProjectionConfig};
+pub use telemetry::TelemetryConfig;
 
 /// A configuration error that names the key at fault.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +76,7 @@ pub struct Config {
     pub orders: OrdersConfig,
     pub notifications: NotificationsConfig,
     pub log: LogConfig,
+    pub telemetry: TelemetryConfig,
 }
 
 impl Config {
@@ -166,6 +169,7 @@ impl Config {
         }
         self.notifications.validate()?;
         self.log.validate()?;
+        self.telemetry.validate()?;
         Ok(())
     }
 
@@ -276,8 +280,10 @@ mod tests {
             jail.create_file("tally.toml", "[outbox]\nbatch_size = 7\n[kafka]\nbrokers = \"a:1\"")?;
             jail.set_env("TALLY__OUTBOX__BATCH_SIZE", "9");
             jail.set_env("TALLY__HTTP__ADMIN_TOKEN", "s3cret");
+            jail.set_env("TALLY__TELEMETRY__OTLP_ENDPOINT", "http://collector:4318");
             let c = Config::load(Some(Path::new("tally.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(c.outbox.batch_size, 9);
+            assert_eq!(c.telemetry.traces_url().as_deref(), Some("http://collector:4318/v1/traces"));
             assert_eq!(c.kafka.brokers, "a:1");
             assert_eq!(c.http.admin_token.expose(), "s3cret");
             Ok(())
@@ -324,6 +330,26 @@ mod tests {
         with("[http]\nbody_limit_bytes = 2000000\n[kafka.producer]\n\"message.max.bytes\" = \"3000000\"").unwrap();
         let e = with("[kafka.producer]\n\"message.max.bytes\" = \"lots\"").unwrap_err().to_string();
         assert!(e.contains("kafka.producer"), "{e}");
+    }
+
+    #[test]
+    fn traces_are_off_by_default_and_the_endpoint_is_validated() {
+        let c = with("").unwrap();
+        assert_eq!((c.telemetry.otlp_endpoint.as_deref(), c.telemetry.service_name.as_str()), (None, "tally"));
+        assert!(c.to_redacted_toml().contains("otlp_endpoint = \"\""), "tally config shows the key");
+        assert_eq!(with("[telemetry]\notlp_endpoint = \" \"").unwrap().telemetry.otlp_endpoint, None);
+        let c = with("[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"\nservice_name = \"pay\"").unwrap();
+        assert_eq!(c.telemetry.traces_url().as_deref(), Some("http://127.0.0.1:4318/v1/traces"));
+        assert_eq!(c.telemetry.service_name, "pay");
+        let shown = c.to_redacted_toml();
+        assert!(shown.contains("otlp_endpoint = \"http://127.0.0.1:4318/\""), "{shown}");
+        for bad in ["127.0.0.1:4318", "https://collector:4318", "http://c:4318/v1/traces", "http://c:4318?x=1", "nope"]
+        {
+            let e = with(&format!("[telemetry]\notlp_endpoint = \"{bad}\"")).unwrap_err().to_string();
+            assert!(e.contains("telemetry.otlp_endpoint"), "{bad}: {e}");
+        }
+        let e = with("[telemetry]\nservice_name = \"\"").unwrap_err().to_string();
+        assert!(e.contains("telemetry.service_name"), "{e}");
     }
 
     #[test]

@@ -3,9 +3,12 @@
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
+use tally_actors::trace;
 use tally_schema::models::{Account, Posting, Transfer};
 use tally_schema::values::parse_amount;
 use tally_schema::{AccountId, Currency};
+use tracing::field::{display, Empty};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::error::ApiError;
@@ -76,14 +79,38 @@ impl From<Transfer> for TransferView {
 /// `POST /transfers`: 201 with the transfer; with `Idempotency-Key`, a replay of the same
 /// request answers 200 with the original and a different request 409. Nothing is written
 /// unless 201.
+///
+/// Runs inside the `http.transfer` span, the first hop of the transfer's trace: a child of
+/// the request's `traceparent` when it has a valid one, else the root of a new trace. The
+/// traceparent stored with the outbox row names this span when traces are exported.
 pub async fn create_transfer(
     state: web::Data<AppState>,
     req: HttpRequest,
     body: web::Json<CreateTransferBody>,
 ) -> Result<HttpResponse, ApiError> {
+    let span = tracing::info_span!("http.transfer", trace_id = Empty, transfer.id = Empty, outcome = Empty);
+    let traceparent = trace::start(&span, super::incoming_traceparent(&req));
+    let result = accept_transfer(state, req, body, traceparent).instrument(span.clone()).await;
+    match &result {
+        Ok((outcome, id, _)) => {
+            span.record("transfer.id", display(id));
+            span.record("outcome", *outcome);
+        }
+        Err(e) => {
+            span.record("outcome", e.code());
+        }
+    }
+    result.map(|(_, _, response)| response)
+}
+
+async fn accept_transfer(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    body: web::Json<CreateTransferBody>,
+    traceparent: String,
+) -> Result<(&'static str, Uuid, HttpResponse), ApiError> {
     let key = idempotency_key(&req)?;
     let request = body.into_inner().validate(state.max_balance_cents)?;
-    let traceparent = super::traceparent(&req);
     let mut conn = state.pool.get().await?;
     let created = transfers::create_transfer(
         &mut conn,
@@ -94,12 +121,20 @@ pub async fn create_transfer(
     )
     .await?;
     match created {
-        Created::New(t) => Ok(HttpResponse::Created()
-            .insert_header((header::LOCATION, format!("/transfers/{}", t.id)))
-            .json(TransferView::from(t))),
-        Created::Replayed(t) => Ok(HttpResponse::Ok()
-            .insert_header((header::LOCATION, format!("/transfers/{}", t.id)))
-            .json(TransferView::from(t))),
+        Created::New(t) => Ok((
+            "created",
+            t.id,
+            HttpResponse::Created()
+                .insert_header((header::LOCATION, format!("/transfers/{}", t.id)))
+                .json(TransferView::from(t)),
+        )),
+        Created::Replayed(t) => Ok((
+            "replayed",
+            t.id,
+            HttpResponse::Ok()
+                .insert_header((header::LOCATION, format!("/transfers/{}", t.id)))
+                .json(TransferView::from(t)),
+        )),
         Created::KeyConflict => Err(ApiError::Conflict {
             code: "idempotency_key_conflict",
             message: "this Idempotency-Key was already used with a different request".into(),

@@ -4,6 +4,7 @@
 pub mod admin;
 mod admin_dlt;
 pub mod auth;
+mod console;
 pub mod error;
 pub mod intake;
 pub mod orders;
@@ -107,6 +108,7 @@ pub fn admin_server(state: web::Data<AppState>, config: &HttpConfig) -> std::io:
             .app_data(web::QueryConfig::default().error_handler(error::query_error))
             .wrap(from_fn(count_requests))
             .configure(admin::routes)
+            .configure(console::routes)
             .default_service(web::to(error::not_found))
     })
     .workers(1)
@@ -141,25 +143,14 @@ async fn count_requests(
 /// The request's W3C `traceparent` when valid, otherwise a new trace started here.
 #[must_use]
 pub fn traceparent(req: &HttpRequest) -> String {
+    incoming_traceparent(req).map_or_else(tally_actors::trace::new_traceparent, str::to_owned)
+}
+
+/// The request's W3C `traceparent` header, when valid.
+#[must_use]
+pub fn incoming_traceparent(req: &HttpRequest) -> Option<&str> {
     req.headers()
-        .get("traceparent")
+        .get(tally_schema::headers::TRACEPARENT)
         .and_then(|v| v.to_str().ok())
         .filter(|v| is_valid_traceparent(v))
-        .map_or_else(new_traceparent, str::to_owned)
-}
-
-fn new_traceparent() -> String {
-    let trace = uuid::Uuid::new_v4().simple().to_string();
-    let span = &uuid::Uuid::new_v4().simple().to_string()[..16];
-    format!("00-{trace}-{span}-01")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn new_traceparents_are_valid() {
-        assert!(is_valid_traceparent(&new_traceparent()));
-    }
 }

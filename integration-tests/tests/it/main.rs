@@ -5,6 +5,7 @@
 mod bench;
 mod broker;
 mod chaos;
+mod console;
 mod deploy;
 mod dlt_admin;
 mod docs;
@@ -18,3 +19,4 @@ mod notifications;
 mod orders;
 mod outage;
 mod stuck;
+mod traces;

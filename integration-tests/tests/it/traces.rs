@@ -1,0 +1,277 @@
+//! Distributed traces: one transfer, from POST /transfers to the webhook, is one trace of
+//! hop spans exported over OTLP/HTTP, each hop the child of the one before; and the
+//! daemon's JSON log lines written inside a hop carry the trace id.
+//!
+//! The daemon runs as a child process (`tally run`): the trace export is process-wide.
+//! Broker: the harness's embedded broker (librdkafka's mock cluster), an external cluster
+//! to the child. Database: a fresh PostgreSQL database. Two local HTTP servers play the
+//! OTLP collector and the webhook receiver.
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
+
+use std::collections::HashMap;
+use std::process::Child;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tally_integration_tests::{
+    spawn_tally_process, tally_binary, wait_until, Deadline, ReceivedCall, TestEnv, WebhookReceiver,
+};
+
+/// The hops of a settled, notified transfer, in order; `outbox.publish` twice (the request
+/// and the settlement), told apart by topic.
+const HOPS: [(&str, Option<&str>); 7] = [
+    ("http.transfer", None),
+    ("outbox.publish", Some("transfers.requested")),
+    ("antifraud.decide", Some("transfers.requested")),
+    ("ledger.settle", Some("transfers.analyzed")),
+    ("outbox.publish", Some("transfers.settled")),
+    ("projection.apply", Some("transfers.settled")),
+    ("notify.deliver", Some("transfers.settled")),
+];
+
+/// The hop each hop is the child of, by index in [`HOPS`].
+const PARENT: [Option<usize>; 7] = [None, Some(0), Some(1), Some(2), Some(3), Some(4), Some(4)];
+
+/// One span as the collector received it.
+#[derive(Debug, Clone)]
+struct Span {
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent: String,
+    start_ns: u64,
+    attributes: HashMap<String, String>,
+}
+
+impl Span {
+    fn attr(&self, key: &str) -> Option<&str> {
+        self.attributes.get(key).map(String::as_str)
+    }
+
+    fn is_hop(&self, (name, topic): (&str, Option<&str>)) -> bool {
+        self.name == name && topic.is_none_or(|t| self.attr("messaging.destination.name") == Some(t))
+    }
+}
+
+/// Every span of every OTLP/HTTP JSON export the collector received.
+fn received_spans(calls: &[ReceivedCall]) -> Vec<Span> {
+    let mut spans = Vec::new();
+    for call in calls {
+        let body: Value = serde_json::from_slice(&call.body).expect("an OTLP export is JSON");
+        let scopes = body["resourceSpans"].as_array().into_iter().flatten().flat_map(|r| {
+            r["scopeSpans"].as_array().into_iter().flatten().flat_map(|s| s["spans"].as_array().into_iter().flatten())
+        });
+        for s in scopes {
+            let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            let attributes = s["attributes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| {
+                    let value = a["value"].as_object()?.values().next()?;
+                    Some((a["key"].as_str()?.to_owned(), text(value)))
+                })
+                .collect();
+            spans.push(Span {
+                name: text(&s["name"]),
+                trace_id: text(&s["traceId"]),
+                span_id: text(&s["spanId"]),
+                parent: s["parentSpanId"].as_str().unwrap_or("").to_owned(),
+                start_ns: text(&s["startTimeUnixNano"]).parse().unwrap_or(0),
+                attributes,
+            });
+        }
+    }
+    spans
+}
+
+/// The child daemon, killed however the test ends.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+    format!("127.0.0.1:{port}")
+}
+
+async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
+    let res = http.post(&url).json(&body).send().await.expect("POST");
+    assert_eq!(res.status(), StatusCode::CREATED, "POST {url}");
+    res.json().await.expect("JSON body")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hop_of_a_transfer_shares_one_trace() {
+    let env = TestEnv::new().await;
+    let collector = WebhookReceiver::start(|_, _| 200).await;
+    let webhook = WebhookReceiver::start(|_, _| 200).await;
+    let endpoint = collector.url.trim_end_matches("/hook").to_owned();
+    // The child does not create topics (the mock has no Admin API): the harness does.
+    let mut config = tally_engine::Config::default();
+    config.notifications.webhook_url.clone_from(&webhook.url);
+    for spec in tally_engine::kafka::topic_specs(&config) {
+        env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
+    }
+    let (intake, admin) = (free_addr(), free_addr());
+    let instance = format!("traces-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let mut daemon = Daemon(spawn_tally_process(
+        &env,
+        &[
+            ("TALLY__INSTANCE__ID", &instance),
+            ("TALLY__HTTP__INTAKE_ADDR", &intake),
+            ("TALLY__HTTP__ADMIN_ADDR", &admin),
+            ("TALLY__LOG__FORMAT", "json"),
+            ("RUST_LOG", "info"),
+            ("TALLY__TELEMETRY__OTLP_ENDPOINT", &endpoint),
+            ("TALLY__NOTIFICATIONS__WEBHOOK_URL", &webhook.url),
+            ("TALLY__NOTIFICATIONS__WEBHOOK_SECRET", "traces-secret"),
+            // The SDK's batch processor sends every 200 ms rather than every 5 s.
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ],
+    ));
+    let log_path = tally_binary().with_file_name(format!("tally-child-{instance}.log"));
+    let http = reqwest::Client::new();
+    wait_until("the child is ready", Deadline::secs(120), || async {
+        match http.get(format!("http://{admin}/readyz")).send().await {
+            Ok(r) if r.status() == StatusCode::OK => Ok(()),
+            Ok(r) => Err(format!("{}: {}", r.status(), r.text().await.unwrap_or_default())),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+
+    for (id, balance) in [("T-A", 1_000_000), ("T-B", 0)] {
+        post(
+            &http,
+            format!("http://{intake}/accounts"),
+            json!({ "id": id, "currency": "BRL", "initialBalanceCents": balance }),
+        )
+        .await;
+    }
+    let created = post(
+        &http,
+        format!("http://{intake}/transfers"),
+        json!({ "sourceAccount": "T-A", "destinationAccount": "T-B", "amountCents": 2_500, "currency": "BRL" }),
+    )
+    .await;
+    let transfer = created["id"].as_str().expect("transfer id").to_owned();
+    wait_until("the transfer is settled", Deadline::DEFAULT, || async {
+        let view: Value = http
+            .get(format!("http://{intake}/transfers/{transfer}"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        if view["status"] == "SETTLED" {
+            Ok(())
+        } else {
+            Err(view.to_string())
+        }
+    })
+    .await;
+    wait_until("the webhook is notified", Deadline::DEFAULT, || async {
+        let calls = webhook.calls();
+        if calls.iter().any(|c| c.status == 200) {
+            Ok(())
+        } else {
+            Err(format!("{} calls", calls.len()))
+        }
+    })
+    .await;
+
+    // Every hop of the transfer reached the collector.
+    let spans = wait_until("every hop span of the transfer is exported", Deadline::DEFAULT, || async {
+        let spans: Vec<Span> = received_spans(&collector.calls())
+            .into_iter()
+            .filter(|s| s.attr("transfer.id") == Some(transfer.as_str()))
+            .collect();
+        let missing: Vec<String> = HOPS
+            .iter()
+            .filter(|hop| !spans.iter().any(|s| s.is_hop(**hop)))
+            .map(|(name, topic)| format!("{name} {}", topic.unwrap_or("")))
+            .collect();
+        if missing.is_empty() {
+            Ok(spans)
+        } else {
+            Err(format!("missing {missing:?}; got {:?}", spans.iter().map(|s| &s.name).collect::<Vec<_>>()))
+        }
+    })
+    .await;
+    for call in collector.calls() {
+        assert_eq!(call.request, "POST /v1/traces", "OTLP/HTTP traces path");
+        assert_eq!(call.headers.get("content-type").map(String::as_str), Some("application/json"), "http/json");
+    }
+
+    print_trace(&spans);
+    let root = spans.iter().find(|s| s.is_hop(HOPS[0])).expect("http.transfer");
+    assert!(root.parent.is_empty(), "a request without a traceparent starts the trace: {root:?}");
+    assert_eq!(root.trace_id.len(), 32, "{root:?}");
+    assert!(spans.iter().all(|s| s.trace_id == root.trace_id), "one trace id: {spans:#?}");
+    // A chain, not a star: each hop is the child of the hop before it.
+    let by_id: HashMap<&str, &Span> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+    for (hop, parent) in HOPS.iter().zip(PARENT) {
+        let Some(parent) = parent else { continue };
+        for span in spans.iter().filter(|s| s.is_hop(*hop)) {
+            let up = by_id.get(span.parent.as_str()).unwrap_or_else(|| panic!("the parent of {span:?} is exported"));
+            assert!(
+                up.is_hop(HOPS[parent]),
+                "{} {:?} is the child of {:?}, not {:?}",
+                span.name,
+                hop.1,
+                up,
+                HOPS[parent]
+            );
+        }
+    }
+    assert!(spans.iter().any(|s| s.is_hop(HOPS[3]) && s.attr("outcome") == Some("settled")), "{spans:#?}");
+
+    // The daemon's JSON log lines written inside a hop carry the trace id.
+    let line = wait_until("a JSON log line carries the trace id", Deadline::DEFAULT, || async {
+        let log = std::fs::read_to_string(&log_path).map_err(|e| e.to_string())?;
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["span"]["trace_id"] == root.trace_id.as_str())
+            .ok_or_else(|| format!("{} lines, none with trace_id {}", log.lines().count(), root.trace_id))
+    })
+    .await;
+    println!("log line: {line}");
+
+    // A clean stop sends the last spans and exits 0.
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(daemon.0.id().to_string()).status();
+    let child = &mut daemon.0;
+    let stopped = wait_until("the child exits", Deadline::DEFAULT, || {
+        let status = child.try_wait();
+        async move {
+            match status {
+                Ok(Some(s)) => Ok(s.success()),
+                Ok(None) => Err("still running".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await;
+    assert!(stopped, "tally run exits 0 after SIGTERM with traces on");
+}
+
+/// The trace as a table for the reader: span name, topic, span id, parent, start offset.
+fn print_trace(spans: &[Span]) {
+    let mut sorted: Vec<&Span> = spans.iter().collect();
+    sorted.sort_by_key(|s| s.start_ns);
+    let first = sorted.first().map_or(0, |s| s.start_ns);
+    println!("trace {}", sorted.first().map_or("", |s| s.trace_id.as_str()));
+    println!("{:<18} {:<22} {:<16} {:<16} {:>9}", "span", "topic", "span id", "parent", "start ms");
+    for s in sorted {
+        let parent = if s.parent.is_empty() { "-" } else { s.parent.as_str() };
+        let offset = s.start_ns.saturating_sub(first) as f64 / 1e6;
+        let topic = s.attr("messaging.destination.name").unwrap_or("-");
+        println!("{:<18} {:<22} {:<16} {:<16} {offset:>9.1}", s.name, topic, s.span_id, parent);
+    }
+}

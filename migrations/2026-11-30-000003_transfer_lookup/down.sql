@@ -1,0 +1,1 @@
+DROP INDEX notification_deliveries_transfer;
