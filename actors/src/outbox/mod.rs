@@ -14,6 +14,7 @@ use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
 use crate::backoff::Backoff;
+use crate::store::outbox::Reach;
 
 pub use crate::store::outbox::{PendingStats, SHARDS};
 pub use listen::spawn_listener;
@@ -130,21 +131,20 @@ async fn publish_loop(
 ) {
     let mut waits = Backoff::doubling(settings.backoff_initial, settings.backoff_max).waits();
     let mut last_cleanup = Instant::now();
-    let mut empty_claims = 0_u32;
+    // Claims take half of the free shards, so that several loops share the key space; an
+    // empty one is followed by a sweep of every free shard before the loop sleeps, so a row
+    // never waits for the poll interval just because its shard was in the other half.
+    let mut reach = Reach::Half;
     while !*stop.borrow() {
-        let pause = match relay.publish_batch().await {
+        let pause = match relay.publish_batch(reach).await {
             Ok(n) => {
                 waits.reset();
-                empty_claims = if n > 0 { 0 } else { empty_claims + 1 };
-                // A claim covers half of the shards: claim again before sleeping, so rows
-                // in the other half do not wait for the next wake-up.
-                if settings.claim_until_empty && empty_claims < 2 {
-                    None
-                } else {
-                    Some(settings.poll_interval)
-                }
+                let (next, pause) = next_claim(reach, n, settings.claim_until_empty);
+                reach = next;
+                pause.then_some(settings.poll_interval)
             }
             Err(e) => {
+                reach = Reach::Half;
                 let wait = waits.next_wait();
                 warn!(error = %e, code = e.code(), backoff_ms = wait.as_millis() as u64,
                       "Outbox batch failed; nothing was marked published, retrying after backoff.");
@@ -166,5 +166,37 @@ async fn publish_loop(
                 _ = stop.changed() => {}
             }
         }
+    }
+}
+
+/// After a claim of `reach` that published `published` rows: the reach of the next claim,
+/// and whether to wait for a wake-up (or the poll interval) before it. Publishing one batch
+/// per poll (`claim_until_empty` off) sweeps every free shard each time.
+fn next_claim(reach: Reach, published: usize, claim_until_empty: bool) -> (Reach, bool) {
+    if !claim_until_empty {
+        return (Reach::AllFree, true);
+    }
+    match (published, reach) {
+        (1.., _) => (Reach::Half, false),
+        (0, Reach::Half) => (Reach::AllFree, false),
+        (0, Reach::AllFree) => (Reach::Half, true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_sleeps_only_after_an_empty_sweep_of_every_free_shard() {
+        // Busy: keep sharing.
+        assert_eq!(next_claim(Reach::Half, 5, true), (Reach::Half, false));
+        assert_eq!(next_claim(Reach::AllFree, 5, true), (Reach::Half, false));
+        // Nothing in this half: look at every free shard before sleeping.
+        assert_eq!(next_claim(Reach::Half, 0, true), (Reach::AllFree, false));
+        assert_eq!(next_claim(Reach::AllFree, 0, true), (Reach::Half, true));
+        // One batch per poll: always the whole key space.
+        assert_eq!(next_claim(Reach::Half, 0, false), (Reach::AllFree, true));
+        assert_eq!(next_claim(Reach::AllFree, 9, false), (Reach::AllFree, true));
     }
 }

@@ -15,10 +15,12 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tally_schema::headers;
 use tally_schema::models::PendingOutboxEvent;
+use tracing::field::Empty;
 
 use crate::metrics::Metrics;
-use crate::store::outbox::{self, PendingStats};
+use crate::store::outbox::{self, PendingStats, Reach};
 use crate::store::PgPool;
+use crate::trace;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -72,7 +74,7 @@ impl OutboxRelay {
         &self.producer
     }
 
-    /// Publishes one batch: locks the free shards, claims up to `batch_size` pending rows
+    /// Publishes one batch: locks free shards (as many as `reach` says), claims up to `batch_size` pending rows
     /// of those shards in `seq` order (`FOR UPDATE SKIP LOCKED`), produces them, waits for
     /// every acknowledgement, then sets `published_at`, all in one database transaction. On
     /// any failure nothing is marked and the transaction rolls back. Returns the number of
@@ -80,13 +82,13 @@ impl OutboxRelay {
     ///
     /// # Errors
     /// [`OutboxError`] when the database or the broker fails; the rows stay pending.
-    pub async fn publish_batch(&self) -> Result<usize, OutboxError> {
+    pub async fn publish_batch(&self, reach: Reach) -> Result<usize, OutboxError> {
         let started = Instant::now();
         let mut conn = self.pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
         let result = conn
             .transaction::<usize, OutboxError, _>(|conn| {
                 async move {
-                    let shards = outbox::lock_free_shards(conn).await?;
+                    let shards = outbox::lock_free_shards(conn, reach).await?;
                     if shards.is_empty() {
                         return Ok(0);
                     }
@@ -117,34 +119,60 @@ impl OutboxRelay {
         result
     }
 
-    /// Enqueues every row, then waits for every delivery report.
+    /// Enqueues every row, then waits for every delivery report. A row with a traceparent
+    /// is published inside an `outbox.publish` span ([`publish_span`]), which passes its
+    /// own traceparent on when traces are exported.
     async fn produce_all(&self, rows: &[PendingOutboxEvent]) -> Result<(), OutboxError> {
         let mut deliveries = Vec::with_capacity(rows.len());
+        let mut spans = Vec::with_capacity(rows.len());
         for row in rows {
             let id = row.id.to_string();
+            let span = row.traceparent.as_ref().map(|_| publish_span(row));
+            let traceparent = span
+                .as_ref()
+                .and_then(|span| trace::join(span, row.traceparent.as_deref()))
+                .or_else(|| row.traceparent.clone());
             let mut hdrs = OwnedHeaders::new_with_capacity(3)
                 .insert(Header { key: headers::EVENT_ID, value: Some(id.as_bytes()) })
                 .insert(Header { key: headers::EVENT_TYPE, value: Some(row.event_type.as_bytes()) });
-            if let Some(tp) = &row.traceparent {
+            if let Some(tp) = &traceparent {
                 hdrs = hdrs.insert(Header { key: headers::TRACEPARENT, value: Some(tp.as_bytes()) });
             }
             let record = FutureRecord::to(&row.topic).key(&row.key).payload(&row.payload).headers(hdrs);
             match self.producer.send_result(record) {
                 Ok(delivery) => deliveries.push((row.id, row.created_at, delivery)),
-                Err((source, _)) => return Err(OutboxError::Enqueue { event_id: row.id, source }),
+                Err((source, _)) => {
+                    if let Some(span) = &span {
+                        span.record("outcome", "enqueue_failed");
+                    }
+                    return Err(OutboxError::Enqueue { event_id: row.id, source });
+                }
             }
+            spans.push(span);
         }
         let ids_and_times: Vec<_> = deliveries.iter().map(|(id, at, _)| (*id, *at)).collect();
         let reports = join_all(deliveries.into_iter().map(|(_, _, d)| d)).await;
         let now = Utc::now();
-        for ((event_id, created_at), report) in ids_and_times.into_iter().zip(reports) {
+        for (((event_id, created_at), report), span) in ids_and_times.into_iter().zip(reports).zip(spans) {
+            let outcome = |label: &'static str| {
+                if let Some(span) = &span {
+                    span.record("outcome", label);
+                }
+            };
             match report {
                 Ok(Ok(_)) => {
+                    outcome("published");
                     let age = (now - created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
                     self.metrics.outbox_commit_to_ack_seconds.observe(age.max(0.0));
                 }
-                Ok(Err((source, _))) => return Err(OutboxError::Delivery { event_id, source }),
-                Err(_) => return Err(OutboxError::Canceled(event_id)),
+                Ok(Err((source, _))) => {
+                    outcome("delivery_failed");
+                    return Err(OutboxError::Delivery { event_id, source });
+                }
+                Err(_) => {
+                    outcome("canceled");
+                    return Err(OutboxError::Canceled(event_id));
+                }
             }
         }
         Ok(())
@@ -161,6 +189,31 @@ impl OutboxRelay {
         self.metrics.outbox_deleted_total.inc_by(total);
         Ok(total)
     }
+}
+
+/// The `outbox.publish` hop span of `row`, from enqueueing its record to the broker's
+/// acknowledgement, with the transfer id of a transfer event (read from the payload only
+/// when traces are exported: a span enabled for logs alone does not pay for the parse).
+fn publish_span(row: &PendingOutboxEvent) -> tracing::Span {
+    let span = tracing::info_span!(
+        "outbox.publish",
+        trace_id = Empty,
+        transfer.id = Empty,
+        messaging.destination.name = row.topic.as_str(),
+        event.type = row.event_type.as_str(),
+        outcome = Empty,
+    );
+    if !span.is_disabled() && crate::trace::exporting() {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct TransferEvent {
+            transfer_id: uuid::Uuid,
+        }
+        if let Ok(event) = serde_json::from_str::<TransferEvent>(&row.payload) {
+            span.record("transfer.id", tracing::field::display(event.transfer_id));
+        }
+    }
+    span
 }
 
 /// Pending rows per topic with the age of the oldest (for `/admin/outbox` and gauges).

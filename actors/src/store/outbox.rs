@@ -71,14 +71,25 @@ struct ShardRow {
     shard: i32,
 }
 
-/// Locks free shards (transaction-scoped advisory locks) in random order, at most half of
-/// them: a lone publisher covers every shard over consecutive batches, and several
-/// publishers share the key space instead of one taking all of it. The Limit node stops
-/// pulling rows, so no further locks are taken. Call inside a transaction.
+/// How many free shards a claim locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// At most half of them, in random order: several publishers share the key space
+    /// instead of one taking all of it, and a lone publisher covers every shard over
+    /// consecutive batches.
+    Half,
+    /// Every shard no other publisher holds: the sweep a publisher makes before it sleeps,
+    /// so that no committed row waits for the next poll.
+    AllFree,
+}
+
+/// Locks free shards (transaction-scoped advisory locks) in random order, as many as
+/// `reach` says. The Limit node stops pulling rows, so no further locks are taken. Call
+/// inside a transaction.
 ///
 /// # Errors
 /// Any database error.
-pub async fn lock_free_shards(conn: &mut AsyncPgConnection) -> Result<Vec<i32>, diesel::result::Error> {
+pub async fn lock_free_shards(conn: &mut AsyncPgConnection, reach: Reach) -> Result<Vec<i32>, diesel::result::Error> {
     Ok(diesel::sql_query(
         "SELECT shard FROM (SELECT shard FROM generate_series(0, $1 - 1) AS shard \
                             ORDER BY random()) AS s \
@@ -86,7 +97,7 @@ pub async fn lock_free_shards(conn: &mut AsyncPgConnection) -> Result<Vec<i32>, 
     )
     .bind::<Integer, _>(SHARDS)
     .bind::<Integer, _>(SHARD_LOCK_SPACE)
-    .bind::<Integer, _>(SHARDS / 2)
+    .bind::<Integer, _>(if reach == Reach::Half { SHARDS / 2 } else { SHARDS })
     .load::<ShardRow>(conn)
     .await?
     .into_iter()

@@ -606,6 +606,25 @@ async fn a_row_committed_after_later_rows_is_still_published() {
 
 // Broker: embedded mock cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_committed_row_is_published_on_its_notification_not_at_the_next_poll() {
+    // The poll is ten minutes away: only a commit's notification gets a row out in time.
+    let (env, _app) = spawn_app(|c| {
+        tally_integration_tests::run_only(c, &["outbox"]);
+        c.outbox.poll_interval = std::time::Duration::from_secs(600);
+    })
+    .await;
+    let insert = "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+                  VALUES (gen_random_uuid(), $1, $2, 'TransferRequested', $3)";
+    // One row at a time, on keys spread over the shards: each publisher wake-up has to
+    // find its row wherever its shard is.
+    for i in 0..24 {
+        env.db.execute(insert, &[&TOPIC, &format!("wake-{i}"), &format!(r#"{{"n":{i}}}"#)]).await;
+        wait_until_no_pending(&env.db, Deadline::secs(30)).await;
+    }
+}
+
+// Broker: embedded mock cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics() {
     // No antifraud: the one transfer's outbox row stays the only one (once every pipeline
     // is ready, the ledger would otherwise add its TransferRejected row while the gauges
