@@ -353,6 +353,18 @@ mod tests {
     }
 
     #[test]
+    fn an_https_webhook_is_refused_at_start_not_dead_lettered_later() {
+        let secret = "webhook_secret = \"s\"";
+        with(&format!("[notifications]\nwebhook_url = \"http://127.0.0.1:9/hook\"\n{secret}")).unwrap();
+        for bad in ["https://hooks.example/pay", "ftp://x", "hooks.example"] {
+            let e = with(&format!("[notifications]\nwebhook_url = \"{bad}\"\n{secret}")).unwrap_err().to_string();
+            assert!(e.contains("notifications.webhook_url"), "{bad}: {e}");
+        }
+        let e = with(&format!("[notifications]\nwebhook_url = \"https://h/p\"\n{secret}")).unwrap_err().to_string();
+        assert!(e.contains("no TLS client"), "{e}");
+    }
+
+    #[test]
     fn topic_configs_name_known_topics() {
         with("[kafka.topic_configs.\"transfers.requested-dlt\"]\n\"retention.ms\" = \"-1\"").unwrap();
         let e = with("[kafka.topic_configs.\"nope\"]\n\"retention.ms\" = \"1\"").unwrap_err().to_string();

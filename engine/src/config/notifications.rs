@@ -55,9 +55,17 @@ impl NotificationsConfig {
 
 impl NotificationsConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        let http_url = self.webhook_url.starts_with("http://") || self.webhook_url.starts_with("https://");
-        if !self.webhook_url.is_empty() && !http_url {
-            return invalid("notifications.webhook_url", "must be an http:// or https:// URL (or empty to disable)");
+        // This build has no TLS client: an https:// webhook would fail every delivery and
+        // dead-letter every notification, so it is refused at start instead.
+        if self.webhook_url.starts_with("https://") {
+            return invalid(
+                "notifications.webhook_url",
+                "is https://, and this build has no TLS client: deliver over http:// to a local \
+                 TLS-terminating proxy (or sidecar) that forwards to the receiver",
+            );
+        }
+        if !self.webhook_url.is_empty() && !self.webhook_url.starts_with("http://") {
+            return invalid("notifications.webhook_url", "must be an http:// URL (or empty to disable)");
         }
         if !self.webhook_url.is_empty() && self.webhook_secret.is_empty() {
             return invalid("notifications.webhook_secret", "must be set when notifications.webhook_url is");
