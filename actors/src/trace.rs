@@ -27,6 +27,22 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::supervise::HandlerError;
 
+/// The span of one hop (`$name`, a literal) for a record of topic `$topic`, with the fields
+/// every hop has: `trace_id` (set by [`join`]), `transfer.id` and `outcome` (recorded once
+/// known) and `messaging.destination.name`.
+macro_rules! hop_span {
+    ($name:literal, $topic:expr) => {
+        tracing::info_span!(
+            $name,
+            trace_id = tracing::field::Empty,
+            transfer.id = tracing::field::Empty,
+            messaging.destination.name = $topic,
+            outcome = tracing::field::Empty,
+        )
+    };
+}
+pub(crate) use hop_span;
+
 static EXPORTING: AtomicBool = AtomicBool::new(false);
 
 /// Declares that hop spans are exported (the daemon installed its OpenTelemetry layer):

@@ -66,14 +66,11 @@ impl Browser {
     /// When the browser cannot be started.
     pub async fn start() -> Option<Self> {
         let (driver_path, chromium) = browser_binaries()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port for ChromeDriver")
-            .port();
+        let addr = free_addr();
         // Its own process group: stopping it stops the browsers it started too.
         let driver = Command::new(&driver_path)
             .process_group(0)
-            .arg(format!("--port={port}"))
+            .arg(format!("--port={}", addr.trim_start_matches("127.0.0.1:")))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -92,7 +89,7 @@ impl Browser {
                 ],
             }),
         );
-        let url = format!("http://127.0.0.1:{port}");
+        let url = format!("http://{addr}");
         let browser = Self { client: connect(&url, caps).await, driver, profile };
         browser.client.set_window_size(1400, 1000).await.expect("size the window");
         Some(browser)

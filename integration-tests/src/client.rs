@@ -79,6 +79,27 @@ pub async fn final_state(app: &TestApp, id: uuid::Uuid) -> serde_json::Value {
     .await
 }
 
+/// Waits until `GET http://<intake>/transfers/<id>` shows SETTLED: for a daemon run as a
+/// child process, known by its intake `host:port` only.
+pub async fn wait_settled(http: &reqwest::Client, intake: &str, id: &str) {
+    wait_until(&format!("transfer {id} is settled"), Deadline::DEFAULT, || async {
+        let view: serde_json::Value = http
+            .get(format!("http://{intake}/transfers/{id}"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        if view["status"] == "SETTLED" {
+            Ok(())
+        } else {
+            Err(view.to_string())
+        }
+    })
+    .await;
+}
+
 /// The number of postings of a transfer.
 pub async fn postings_of(db: &TestDb, id: uuid::Uuid) -> i64 {
     db.scalar_i64("SELECT count(*) FROM postings WHERE transfer_id = $1", &[&id]).await

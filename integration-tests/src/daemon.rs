@@ -305,3 +305,11 @@ pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> std::proces
         .spawn()
         .expect("start tally run")
 }
+
+/// `127.0.0.1:<port>` of a port free a moment ago, for a child process's listener (it may
+/// be taken in between: a test then fails to start its daemon, visibly).
+#[must_use]
+pub fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+    format!("127.0.0.1:{port}")
+}

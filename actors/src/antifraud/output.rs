@@ -10,7 +10,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRejected, TransferRequested};
 use tally_schema::values::is_valid_traceparent;
 use tally_schema::{headers, topics, AccountId, Currency, EventType};
-use tracing::field::{display, Empty};
+use tracing::field::display;
 use tracing::Span;
 use uuid::Uuid;
 
@@ -132,13 +132,7 @@ impl Hops {
         let mut hops = HashMap::new();
         for record in batch {
             let Some(parent) = record.traceparent() else { continue };
-            let span = tracing::info_span!(
-                "antifraud.decide",
-                trace_id = Empty,
-                transfer.id = Empty,
-                messaging.destination.name = record.topic.as_str(),
-                outcome = Empty,
-            );
+            let span = trace::hop_span!("antifraud.decide", record.topic.as_str());
             if span.is_disabled() {
                 continue;
             }

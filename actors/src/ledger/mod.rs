@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use tally_schema::events::TransferAnalyzed;
 use tally_schema::values::is_valid_traceparent;
 use tally_schema::{headers, AccountId, Currency};
-use tracing::field::{display, Empty};
+use tracing::field::display;
 
 pub use batcher::{BatchSettler, FlushPolicy, OnRequest, Settle, SettleError, SettlementBatcher, Settler};
 pub use settle::{
@@ -85,13 +85,7 @@ impl RecordHandler for LedgerHandler {
     /// and the batch's transaction; the span's traceparent goes on the outcome event.
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
         let batcher = self.batcher.clone();
-        let span = tracing::info_span!(
-            "ledger.settle",
-            trace_id = Empty,
-            transfer.id = Empty,
-            messaging.destination.name = record.topic.as_str(),
-            outcome = Empty,
-        );
+        let span = trace::hop_span!("ledger.settle", record.topic.as_str());
         let traceparent = trace::join(&span, valid_traceparent(&record).as_deref());
         let request = decode_transfer(&record).map(|transfer| SettleRequest { transfer, traceparent });
         if let Ok(r) = &request {

@@ -23,7 +23,7 @@ use rdkafka::util::Timeout;
 use serde::Deserialize;
 use sha2::Sha256;
 use tally_schema::{headers, topics};
-use tracing::field::{display, Empty};
+use tracing::field::display;
 use tracing::{info, warn};
 use uuid::Uuid;
 
@@ -108,13 +108,7 @@ impl RecordHandler for Notifier {
         let (pool, http, producer) = (self.pool.clone(), self.http.clone(), self.producer.clone());
         let (settings, metrics) = (self.settings.clone(), self.metrics.clone());
         let dead_letters = self.dead_letters.clone();
-        let span = tracing::info_span!(
-            "notify.deliver",
-            trace_id = Empty,
-            transfer.id = Empty,
-            messaging.destination.name = record.topic.as_str(),
-            outcome = Empty,
-        );
+        let span = trace::hop_span!("notify.deliver", record.topic.as_str());
         trace::join(&span, record.traceparent());
         let hop = span.clone();
         trace::handled(span, async move {

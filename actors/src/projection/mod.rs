@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use tally_schema::events::{TransferRejected, TransferSettled};
 use tally_schema::models::status;
-use tracing::field::{display, Empty};
+use tracing::field::display;
 use uuid::Uuid;
 
 use crate::consume::Record;
@@ -71,13 +71,7 @@ impl RecordHandler for StatusProjector {
     /// Applies the change inside the record's `projection.apply` span.
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
         let pool = self.pool.clone();
-        let span = tracing::info_span!(
-            "projection.apply",
-            trace_id = Empty,
-            transfer.id = Empty,
-            messaging.destination.name = record.topic.as_str(),
-            outcome = Empty,
-        );
+        let span = trace::hop_span!("projection.apply", record.topic.as_str());
         trace::join(&span, record.traceparent());
         let decoded = decode(&record, &self.settled_topic);
         if let Ok(change) = &decoded {

@@ -14,9 +14,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
 use tally_integration_tests::{
-    assert_error, json_body, spawn_app, tally_binary, wait_until, Deadline, TestDb, TestEnv,
+    assert_error, free_addr, json_body, spawn_app, tally_binary, wait_settled, wait_until, Deadline, TestDb, TestEnv,
 };
 
 /// Every secret of the configuration is set to a value that starts with this.
@@ -78,11 +78,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-    format!("127.0.0.1:{port}")
 }
 
 /// `tally broker` on a free port, once it printed its bootstrap address.
@@ -263,22 +258,7 @@ async fn tally_run_with_defaults_works_against_tally_broker() {
         .expect("POST /transfers");
     assert_eq!(res.status(), StatusCode::CREATED);
     let id = json_body(res).await["id"].as_str().expect("id").to_owned();
-    wait_until("the transfer settles", Deadline::DEFAULT, || async {
-        let body: Value = client
-            .get(format!("http://{intake}/transfers/{id}"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
-        if body["status"] == "SETTLED" {
-            Ok(())
-        } else {
-            Err(body.to_string())
-        }
-    })
-    .await;
+    wait_settled(&client, &intake, &id).await;
 }
 
 /// Topics that are missing and cannot be created (the mock cluster never answers

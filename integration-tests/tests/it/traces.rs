@@ -14,7 +14,8 @@ use std::process::Child;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_integration_tests::{
-    spawn_tally_process, tally_binary, wait_until, Deadline, ReceivedCall, TestEnv, WebhookReceiver,
+    free_addr, spawn_tally_process, tally_binary, wait_settled, wait_until, Deadline, ReceivedCall, TestEnv,
+    WebhookReceiver,
 };
 
 /// The hops of a settled, notified transfer, in order; `outbox.publish` twice (the request
@@ -95,11 +96,6 @@ impl Drop for Daemon {
     }
 }
 
-fn free_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-    format!("127.0.0.1:{port}")
-}
-
 async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
     let res = http.post(&url).json(&body).send().await.expect("POST");
     assert_eq!(res.status(), StatusCode::CREATED, "POST {url}");
@@ -161,22 +157,7 @@ async fn every_hop_of_a_transfer_shares_one_trace() {
     )
     .await;
     let transfer = created["id"].as_str().expect("transfer id").to_owned();
-    wait_until("the transfer is settled", Deadline::DEFAULT, || async {
-        let view: Value = http
-            .get(format!("http://{intake}/transfers/{transfer}"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json()
-            .await
-            .map_err(|e| e.to_string())?;
-        if view["status"] == "SETTLED" {
-            Ok(())
-        } else {
-            Err(view.to_string())
-        }
-    })
-    .await;
+    wait_settled(&http, &intake, &transfer).await;
     wait_until("the webhook is notified", Deadline::DEFAULT, || async {
         let calls = webhook.calls();
         if calls.iter().any(|c| c.status == 200) {
