@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{stream, StreamExt};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio_postgres::AsyncMessage;
 use tracing::{debug, warn};
 
+use super::Doorbell;
 use crate::backoff::Backoff;
 
 /// The notification channel written by the `outbox_events_notify` trigger.
@@ -17,7 +18,11 @@ pub const CHANNEL: &str = "tally_outbox";
 
 /// Listens for outbox commits and notifies `wake` until `stop` turns true.
 #[must_use]
-pub fn spawn_listener(url: String, wake: Arc<Notify>, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+pub fn spawn_listener(
+    url: String,
+    wake: Arc<Doorbell>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut waits = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(10)).waits();
         while !*stop.borrow() {
@@ -35,7 +40,11 @@ pub fn spawn_listener(url: String, wake: Arc<Notify>, mut stop: watch::Receiver<
     })
 }
 
-async fn listen_once(url: &str, wake: &Notify, stop: &mut watch::Receiver<bool>) -> Result<(), tokio_postgres::Error> {
+async fn listen_once(
+    url: &str,
+    wake: &Doorbell,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<(), tokio_postgres::Error> {
     let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
     let sql = format!("LISTEN {CHANNEL}");
@@ -54,11 +63,11 @@ async fn listen_once(url: &str, wake: &Notify, stop: &mut watch::Receiver<bool>)
     }
     debug!(channel = CHANNEL, "Listening for outbox commits.");
     // A commit may have happened before LISTEN took effect.
-    wake.notify_one();
+    wake.ring();
     loop {
         tokio::select! {
             msg = messages.next() => match msg {
-                Some(Ok(AsyncMessage::Notification(_))) => wake.notify_one(),
+                Some(Ok(AsyncMessage::Notification(_))) => wake.ring(),
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(e),
                 None => return Ok(()),

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
@@ -40,7 +42,7 @@ pub struct PublisherSettings {
 pub struct OutboxPublisher {
     relay: Arc<OutboxRelay>,
     settings: PublisherSettings,
-    wake: Arc<Notify>,
+    wake: Arc<Doorbell>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -48,7 +50,7 @@ pub struct OutboxPublisher {
 impl OutboxPublisher {
     /// `wake` is notified on every committed outbox insert (see [`spawn_listener`]).
     #[must_use]
-    pub fn new(relay: OutboxRelay, settings: PublisherSettings, wake: Arc<Notify>) -> Self {
+    pub fn new(relay: OutboxRelay, settings: PublisherSettings, wake: Arc<Doorbell>) -> Self {
         let (stop, _) = watch::channel(false);
         Self { relay: Arc::new(relay), settings, wake, stop, tasks: Vec::new() }
     }
@@ -80,7 +82,7 @@ impl Handler<Wake> for OutboxPublisher {
     type Result = ();
 
     fn handle(&mut self, _: Wake, _: &mut Self::Context) {
-        self.wake.notify_one();
+        self.wake.ring();
     }
 }
 
@@ -125,7 +127,7 @@ impl Handler<StopPublishing> for OutboxPublisher {
 async fn publish_loop(
     relay: Arc<OutboxRelay>,
     settings: PublisherSettings,
-    wake: Arc<Notify>,
+    wake: Arc<Doorbell>,
     mut stop: watch::Receiver<bool>,
     cleans: bool,
 ) {
@@ -133,13 +135,18 @@ async fn publish_loop(
     let mut last_cleanup = Instant::now();
     // Claims take half of the free shards, so that several loops share the key space; an
     // empty one is followed by a sweep of every free shard before the loop sleeps, so a row
-    // never waits for the poll interval just because its shard was in the other half.
+    // never waits for the poll interval just because its shard was in the other half. A
+    // sweep during which a commit rang the bell is made again: its row may have been in a
+    // shard another loop held with an older snapshot, and the ring woke that other loop,
+    // not this one.
     let mut reach = Reach::Half;
     while !*stop.borrow() {
+        let rings = wake.rings();
         let pause = match relay.publish_batch(reach).await {
             Ok(n) => {
                 waits.reset();
-                let (next, pause) = next_claim(reach, n, settings.claim_until_empty);
+                let rang = wake.rings() != rings;
+                let (next, pause) = next_claim(reach, n, settings.claim_until_empty, rang);
                 reach = next;
                 pause.then_some(settings.poll_interval)
             }
@@ -161,7 +168,7 @@ async fn publish_loop(
         }
         if let Some(wait) = pause {
             tokio::select! {
-                () = wake.notified() => {}
+                () = wake.notify.notified() => {}
                 () = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => {}
             }
@@ -169,16 +176,38 @@ async fn publish_loop(
     }
 }
 
-/// After a claim of `reach` that published `published` rows: the reach of the next claim,
-/// and whether to wait for a wake-up (or the poll interval) before it. Publishing one batch
-/// per poll (`claim_until_empty` off) sweeps every free shard each time.
-fn next_claim(reach: Reach, published: usize, claim_until_empty: bool) -> (Reach, bool) {
+/// What wakes the publish loops: the notification of every outbox commit rings it (see
+/// [`spawn_listener`]). A ring wakes one waiting loop, or the next loop to wait; and every
+/// ring is counted, so a loop can tell that one came while it was claiming.
+#[derive(Debug, Default)]
+pub struct Doorbell {
+    notify: Notify,
+    rings: AtomicU64,
+}
+
+impl Doorbell {
+    pub fn ring(&self) {
+        self.rings.fetch_add(1, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    fn rings(&self) -> u64 {
+        self.rings.load(Ordering::SeqCst)
+    }
+}
+
+/// After a claim of `reach` that published `published` rows, during which the bell rang
+/// (`rang`) or not: the reach of the next claim, and whether to wait for a ring (or the
+/// poll interval) before it. Publishing one batch per poll (`claim_until_empty` off)
+/// sweeps every free shard each time.
+fn next_claim(reach: Reach, published: usize, claim_until_empty: bool, rang: bool) -> (Reach, bool) {
     if !claim_until_empty {
         return (Reach::AllFree, true);
     }
     match (published, reach) {
         (1.., _) => (Reach::Half, false),
         (0, Reach::Half) => (Reach::AllFree, false),
+        (0, Reach::AllFree) if rang => (Reach::AllFree, false),
         (0, Reach::AllFree) => (Reach::Half, true),
     }
 }
@@ -189,14 +218,31 @@ mod tests {
 
     #[test]
     fn a_loop_sleeps_only_after_an_empty_sweep_of_every_free_shard() {
-        // Busy: keep sharing.
-        assert_eq!(next_claim(Reach::Half, 5, true), (Reach::Half, false));
-        assert_eq!(next_claim(Reach::AllFree, 5, true), (Reach::Half, false));
-        // Nothing in this half: look at every free shard before sleeping.
-        assert_eq!(next_claim(Reach::Half, 0, true), (Reach::AllFree, false));
-        assert_eq!(next_claim(Reach::AllFree, 0, true), (Reach::Half, true));
-        // One batch per poll: always the whole key space.
-        assert_eq!(next_claim(Reach::Half, 0, false), (Reach::AllFree, true));
-        assert_eq!(next_claim(Reach::AllFree, 9, false), (Reach::AllFree, true));
+        for rang in [false, true] {
+            // Busy: keep sharing.
+            assert_eq!(next_claim(Reach::Half, 5, true, rang), (Reach::Half, false));
+            assert_eq!(next_claim(Reach::AllFree, 5, true, rang), (Reach::Half, false));
+            // Nothing in this half: look at every free shard before sleeping.
+            assert_eq!(next_claim(Reach::Half, 0, true, rang), (Reach::AllFree, false));
+            // One batch per poll: always the whole key space.
+            assert_eq!(next_claim(Reach::Half, 0, false, rang), (Reach::AllFree, true));
+            assert_eq!(next_claim(Reach::AllFree, 9, false, rang), (Reach::AllFree, true));
+        }
+        // An empty sweep sleeps, unless a commit rang meanwhile: then it sweeps again.
+        assert_eq!(next_claim(Reach::AllFree, 0, true, false), (Reach::Half, true));
+        assert_eq!(next_claim(Reach::AllFree, 0, true, true), (Reach::AllFree, false));
+    }
+
+    #[test]
+    fn a_ring_with_no_loop_waiting_is_kept_for_the_next_one() {
+        let bell = Doorbell::default();
+        bell.ring();
+        bell.ring();
+        assert_eq!(bell.rings(), 2);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+        let woke = runtime.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(5), bell.notify.notified()).await.is_ok()
+        });
+        assert!(woke, "the stored ring wakes the next waiter at once");
     }
 }

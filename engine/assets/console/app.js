@@ -8,6 +8,7 @@ const POLL_MS = 2000;
 const DLT_EVERY = 3; // polls
 const LEDGER_EVERY_MS = 60000;
 const TREND_POINTS = 90;
+const REQUEST_TIMEOUT_MS = 60000; // longer than any server-side bound (replays: 30 s reads, 30 s sends)
 
 const state = {
   token: sessionStorage.getItem(TOKEN_KEY) || "",
@@ -97,6 +98,8 @@ async function api(path, options = {}) {
     method: options.method || "GET",
     headers,
     body: options.body === undefined ? undefined : JSON.stringify(options.body),
+    // A hung connection must not hold a panel (or the poll) forever.
+    signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
   });
   let body = null;
   try {
@@ -152,6 +155,7 @@ async function useToken(event) {
 function forgetToken() {
   state.token = "";
   invalidatePlan();
+  state.lookupGeneration += 1; // a lookup still out is not shown read-only
   sessionStorage.removeItem(TOKEN_KEY);
   renderMode();
   flash("Token forgotten: the console is read-only.", "info");
@@ -221,7 +225,7 @@ async function pauseOrResume(name, action, button) {
   } catch (e) {
     flash(`Cannot ${action} ${name}: ${e.message}`, "error");
   }
-  await refreshPipelines();
+  await once("pipelines", refreshPipelines);
 }
 
 async function refreshPipelines() {
@@ -299,8 +303,10 @@ function once(name, job) {
 /** One round of refreshes; the next starts POLL_MS after this one ends, never sooner. */
 async function poll() {
   const jobs = [once("pipelines", refreshPipelines), once("readiness", refreshReadiness), once("outbox", refreshOutbox)];
-  if (state.polls % DLT_EVERY === 0) jobs.push(once("dlt", refreshDltSummary));
-  if (Date.now() - state.ledgerAt > LEDGER_EVERY_MS) jobs.push(once("ledger", refreshLedger));
+  // The slow panels run on their own (their `once` guard keeps them single): a DLT
+  // inventory or a ledger check on a large database does not freeze the others.
+  if (state.polls % DLT_EVERY === 0) once("dlt", refreshDltSummary);
+  if (Date.now() - state.ledgerAt > LEDGER_EVERY_MS) once("ledger", refreshLedger);
   state.polls += 1;
   const results = await Promise.allSettled(jobs);
   setTimeout(poll, POLL_MS);
@@ -451,6 +457,7 @@ async function dryRun() {
       renderMode();
     }
   } catch (e) {
+    if (generation !== state.dryRunGeneration) return;
     fill($("dlt-result"), el("p", { class: "error" }, `Dry run failed: ${e.message}`));
   }
 }
@@ -460,6 +467,8 @@ async function replay() {
   if (!planned) return;
   invalidatePlan();
   let replayed = 0;
+  $("dlt-dry-run").dataset.blocked = "1";
+  renderMode();
   try {
     for (const body of planned.bodies) {
       replayed += (await api(replayPath(planned.source, false), { method: "POST", body })).replayed;
@@ -469,7 +478,9 @@ async function replay() {
   } catch (e) {
     fill($("dlt-result"), el("p", { class: "error" }, `Replay failed after ${replayed} record(s): ${e.message}`));
   }
-  await Promise.allSettled([refreshDltSummary(), loadDlt()]);
+  $("dlt-dry-run").dataset.blocked = "0";
+  renderMode();
+  await Promise.allSettled([once("dlt", refreshDltSummary), loadDlt()]);
 }
 
 // ---------- transfers ----------
@@ -480,12 +491,12 @@ async function lookupTransfer(event) {
   if (!id) return;
   if (location.hash !== `#/transfer/${id}`) history.replaceState(null, "", `#/transfer/${id}`);
   for (const n of ["transfer-summary", "transfer-postings", "transfer-timeline"]) fill($(n));
+  state.lookupGeneration += 1;
+  const generation = state.lookupGeneration;
   if (!state.token) {
     fill($("transfer-summary"), el("p", { class: "hint" }, "A transfer shows accounts and amounts: give the admin token first."));
     return;
   }
-  state.lookupGeneration += 1;
-  const generation = state.lookupGeneration;
   let body;
   try {
     body = await api(`/admin/transfers/${encodeURIComponent(id)}`);
@@ -540,9 +551,11 @@ function route() {
     $(`tab-${v}`).classList.toggle("active", v === name);
   }
   if (name === "dlt") {
-    if (arg) {
+    if (arg && arg !== $("dlt-topic").value) {
       state.wantedDlt = arg;
       fillDltSelect();
+      // Another source: a plan made for the previous one must not be replayed.
+      invalidatePlan();
     }
     $("dlt-hint").textContent = state.token
       ? "Choose a source and a selection; a replay is always preceded by its dry run."

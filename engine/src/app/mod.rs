@@ -15,7 +15,7 @@ use tally_actors::ledger::Settler;
 use tally_actors::outbox::{self, OutboxPublisher, OutboxRelay, PublisherSettings, StopPublishing};
 use tally_actors::store::{build_pool, PoolSettings};
 use tally_actors::Metrics;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tracing::info;
 
 use crate::broker::{self, EmbeddedBroker};
@@ -177,7 +177,7 @@ pub async fn start_with(
         spawn_ledger_checks(pool.clone(), metrics.clone(), config.ledger.check_interval);
     }
 
-    let wake = Arc::new(Notify::new());
+    let wake = Arc::new(outbox::Doorbell::default());
     let (listener_stop, listener_rx) = watch::channel(false);
     let mut listener = None;
     let mut publisher = None;
