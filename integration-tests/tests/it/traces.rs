@@ -1,6 +1,7 @@
 //! Distributed traces: one transfer, from POST /transfers to the webhook, is one trace of
 //! hop spans exported over OTLP/HTTP, each hop the child of the one before; and the
-//! daemon's JSON log lines written inside a hop carry the trace id.
+//! daemon's JSON log lines written inside a hop carry the trace id; and a collector that is
+//! down changes nothing but the log.
 //!
 //! The daemon runs as a child process (`tally run`): the trace export is process-wide.
 //! Broker: the harness's embedded broker (librdkafka's mock cluster), an external cluster
@@ -102,12 +103,16 @@ async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
     res.json().await.expect("JSON body")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_hop_of_a_transfer_shares_one_trace() {
-    let env = TestEnv::new().await;
-    let collector = WebhookReceiver::start(|_, _| 200).await;
-    let webhook = WebhookReceiver::start(|_, _| 200).await;
-    let endpoint = collector.url.trim_end_matches("/hook").to_owned();
+/// A `tally run` child on `env` exporting traces to `endpoint`, notifying `webhook`, with
+/// JSON logs; once ready, with accounts T-A and T-B.
+struct Child_ {
+    daemon: Daemon,
+    intake: String,
+    admin: String,
+    log_path: std::path::PathBuf,
+}
+
+async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver) -> Child_ {
     // The child does not create topics (the mock has no Admin API): the harness does.
     let mut config = tally_engine::Config::default();
     config.notifications.webhook_url.clone_from(&webhook.url);
@@ -116,15 +121,15 @@ async fn every_hop_of_a_transfer_shares_one_trace() {
     }
     let (intake, admin) = (free_addr(), free_addr());
     let instance = format!("traces-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let mut daemon = Daemon(spawn_tally_process(
-        &env,
+    let daemon = Daemon(spawn_tally_process(
+        env,
         &[
             ("TALLY__INSTANCE__ID", &instance),
             ("TALLY__HTTP__INTAKE_ADDR", &intake),
             ("TALLY__HTTP__ADMIN_ADDR", &admin),
             ("TALLY__LOG__FORMAT", "json"),
             ("RUST_LOG", "info"),
-            ("TALLY__TELEMETRY__OTLP_ENDPOINT", &endpoint),
+            ("TALLY__TELEMETRY__OTLP_ENDPOINT", endpoint),
             ("TALLY__NOTIFICATIONS__WEBHOOK_URL", &webhook.url),
             ("TALLY__NOTIFICATIONS__WEBHOOK_SECRET", "traces-secret"),
             // The SDK's batch processor sends every 200 ms rather than every 5 s.
@@ -141,7 +146,6 @@ async fn every_hop_of_a_transfer_shares_one_trace() {
         }
     })
     .await;
-
     for (id, balance) in [("T-A", 1_000_000), ("T-B", 0)] {
         post(
             &http,
@@ -150,13 +154,45 @@ async fn every_hop_of_a_transfer_shares_one_trace() {
         )
         .await;
     }
+    Child_ { daemon, intake, admin, log_path }
+}
+
+/// Sends SIGTERM and waits for the exit; true when it exited 0.
+async fn stop_cleanly(daemon: &mut Daemon) -> bool {
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(daemon.0.id().to_string()).status();
+    let child = &mut daemon.0;
+    wait_until("the child exits", Deadline::DEFAULT, || {
+        let status = child.try_wait();
+        async move {
+            match status {
+                Ok(Some(s)) => Ok(s.success()),
+                Ok(None) => Err("still running".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await
+}
+
+async fn transfer(http: &reqwest::Client, intake: &str) -> String {
     let created = post(
-        &http,
+        http,
         format!("http://{intake}/transfers"),
         json!({ "sourceAccount": "T-A", "destinationAccount": "T-B", "amountCents": 2_500, "currency": "BRL" }),
     )
     .await;
-    let transfer = created["id"].as_str().expect("transfer id").to_owned();
+    created["id"].as_str().expect("transfer id").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hop_of_a_transfer_shares_one_trace() {
+    let env = TestEnv::new().await;
+    let collector = WebhookReceiver::start(|_, _| 200).await;
+    let webhook = WebhookReceiver::start(|_, _| 200).await;
+    let endpoint = collector.url.trim_end_matches("/hook").to_owned();
+    let Child_ { mut daemon, intake, admin: _, log_path } = start_child(&env, &endpoint, &webhook).await;
+    let http = reqwest::Client::new();
+    let transfer = transfer(&http, &intake).await;
     wait_settled(&http, &intake, &transfer).await;
     wait_until("the webhook is notified", Deadline::DEFAULT, || async {
         let calls = webhook.calls();
@@ -226,19 +262,7 @@ async fn every_hop_of_a_transfer_shares_one_trace() {
     println!("log line: {line}");
 
     // A clean stop sends the last spans and exits 0.
-    let _ = std::process::Command::new("kill").arg("-TERM").arg(daemon.0.id().to_string()).status();
-    let child = &mut daemon.0;
-    let stopped = wait_until("the child exits", Deadline::DEFAULT, || {
-        let status = child.try_wait();
-        async move {
-            match status {
-                Ok(Some(s)) => Ok(s.success()),
-                Ok(None) => Err("still running".to_owned()),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-    })
-    .await;
+    let stopped = stop_cleanly(&mut daemon).await;
     assert!(stopped, "tally run exits 0 after SIGTERM with traces on");
 }
 
@@ -255,4 +279,42 @@ fn print_trace(spans: &[Span]) {
         let topic = s.attr("messaging.destination.name").unwrap_or("-");
         println!("{:<18} {:<22} {:<16} {:<16} {offset:>9.1}", s.name, topic, s.span_id, parent);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_costs_the_money_path_nothing() {
+    let env = TestEnv::new().await;
+    let webhook = WebhookReceiver::start(|_, _| 200).await;
+    // Nothing listens there: every export fails.
+    let endpoint = format!("http://{}", free_addr());
+    let Child_ { mut daemon, intake, admin, log_path } = start_child(&env, &endpoint, &webhook).await;
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        ids.push(transfer(&http, &intake).await);
+    }
+    for id in &ids {
+        wait_settled(&http, &intake, id).await;
+    }
+    let check: Value = http
+        .get(format!("http://{admin}/admin/ledger/check"))
+        .send()
+        .await
+        .expect("GET /admin/ledger/check")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(check["ok"], true, "{check}");
+    // The exports failed (and said so), and a stop does not hang on them.
+    let log = wait_until("the failed exports are logged", Deadline::DEFAULT, || async {
+        let log = std::fs::read_to_string(&log_path).map_err(|e| e.to_string())?;
+        if log.lines().any(|l| l.contains("ExportError")) {
+            Ok(log)
+        } else {
+            Err(format!("{} lines, none from the exporter", log.lines().count()))
+        }
+    })
+    .await;
+    assert!(log.lines().all(|l| !l.contains("panicked")), "no panic");
+    assert!(stop_cleanly(&mut daemon).await, "tally run exits 0 after SIGTERM with its collector down");
 }
