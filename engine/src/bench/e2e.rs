@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 
 use super::{
-    account, connect as db, fresh_database, hops, peak_rss_mib, quantile, wait_for_zero, write_report, Progress,
+    account, connect as db, fresh_database, hops, peak_rss_mib, plot, quantile, wait_for_zero, write_report, Progress,
 };
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, SecretUrl};
@@ -49,6 +49,12 @@ pub struct Phase {
     pub final_p99_ms: Option<f64>,
     /// Where the time went, hop by hop (settled transfers).
     pub hops: Vec<hops::Hop>,
+    /// Final statuses per second since the phase's first transfer, for the plot.
+    #[serde(skip)]
+    pub per_second: Vec<(f64, f64)>,
+    /// The CDF of POST -> final status, for the plot.
+    #[serde(skip)]
+    pub final_cdf: Vec<(f64, f64)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -104,6 +110,9 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     print_table(&report);
     let path = write_report("e2e", &report)?;
     println!("JSON: {}", path.display());
+    for plot in plots(&report)? {
+        println!("plot: {}", plot.display());
+    }
     Ok(())
 }
 
@@ -198,6 +207,17 @@ async fn load(
         .collect();
     final_ms.sort_by(f64::total_cmp);
     let hops = hops::breakdown(&client_db).await?;
+    let per_second: Vec<(f64, f64)> = client_db
+        .query(
+            "SELECT floor(EXTRACT(EPOCH FROM updated_at - (SELECT min(created_at) FROM transfers \
+                                                          WHERE status <> 'PENDING')))::float8 AS s, \
+                    count(*)::float8 FROM transfers WHERE status <> 'PENDING' GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get::<_, f64>(0), r.get::<_, f64>(1)))
+        .collect();
     clear(url).await?;
     Ok(Phase {
         name,
@@ -211,6 +231,8 @@ async fn load(
         final_p50_ms: quantile(&final_ms, 0.5),
         final_p99_ms: quantile(&final_ms, 0.99),
         hops,
+        per_second,
+        final_cdf: plot::cdf(&final_ms, 400),
     })
 }
 
@@ -244,4 +266,34 @@ fn print_table(r: &Report) {
         opt(r.peak_rss_mib),
         if r.ledger_invariants_ok { "ok" } else { "VIOLATED" }
     );
+}
+
+/// Throughput over time and the latency CDF of every phase, as SVG beside the JSON.
+fn plots(r: &Report) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let dir = std::path::Path::new("target/bench");
+    let line = |p: &Phase, points: &[(f64, f64)]| plot::Line { name: p.name.clone(), points: points.to_vec() };
+    let throughput: Vec<plot::Line> = r.phases.iter().map(|p| line(p, &p.per_second)).collect();
+    let cdf: Vec<plot::Line> = r.phases.iter().map(|p| line(p, &p.final_cdf)).collect();
+    Ok(vec![
+        plot::lines(
+            dir,
+            "e2e-throughput",
+            plot::Axes {
+                title: "e2e: transfers reaching a final status per second",
+                x: "seconds since the phase's first transfer",
+                y: "final statuses / s",
+            },
+            &throughput,
+        )?,
+        plot::lines(
+            dir,
+            "e2e-latency-cdf",
+            plot::Axes {
+                title: "e2e: POST -> final status, cumulative distribution",
+                x: "ms",
+                y: "fraction of transfers",
+            },
+            &cdf,
+        )?,
+    ])
 }

@@ -18,6 +18,8 @@
 //! to the whole, and a hop can show a few ms below zero where a stage read a record before
 //! the previous one marked it.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use super::quantile;
@@ -32,43 +34,75 @@ pub struct Hop {
     pub p99_ms: Option<f64>,
 }
 
-/// The hops, in pipeline order, with the SQL expression of each (NULL when a row is gone).
-const HOPS: [(&str, &str); 5] = [
-    ("intake -> publish", "rq.published_at - t.created_at"),
-    ("publish -> decision", "d.decided_at - rq.published_at"),
-    ("decision -> settlement", "p.processed_at - d.decided_at"),
-    ("settlement -> publish", "st.published_at - p.processed_at"),
-    ("publish -> final status", "t.updated_at - st.published_at"),
+/// The hops, in pipeline order.
+const HOPS: [&str; 5] = [
+    "intake -> publish",
+    "publish -> decision",
+    "decision -> settlement",
+    "settlement -> publish",
+    "publish -> final status",
 ];
 
-fn breakdown_sql() -> String {
-    let columns: Vec<String> =
-        HOPS.iter().map(|(_, expr)| format!("(EXTRACT(EPOCH FROM {expr}) * 1000)::float8")).collect();
-    format!(
-        "WITH o AS ( \
-           SELECT (payload::jsonb ->> 'transferId')::uuid AS transfer_id, event_type, published_at \
-           FROM outbox_events WHERE event_type IN ('TransferRequested', 'TransferSettled')) \
-         SELECT {} FROM transfers t \
-         JOIN antifraud_decisions d ON d.transfer_id = t.id \
-         JOIN processed_transfers p ON p.transfer_id = t.id \
-         LEFT JOIN o rq ON rq.transfer_id = t.id AND rq.event_type = 'TransferRequested' \
-         LEFT JOIN o st ON st.transfer_id = t.id AND st.event_type = 'TransferSettled' \
-         WHERE t.status = 'SETTLED'",
-        columns.join(", ")
-    )
+/// Epoch milliseconds of a timestamp column, as SQL.
+fn ms(column: &str) -> String {
+    format!("(EXTRACT(EPOCH FROM {column}) * 1000)::float8")
 }
 
-/// The per-hop p50 and p99 of every settled transfer in the database.
+/// The per-hop p50 and p99 of every settled transfer in the database. Two plain queries
+/// joined here: the outbox rows are matched on the transfer id in their payload, which no
+/// index serves, so a join in SQL would be planned blind.
 ///
 /// # Errors
-/// When the query fails.
+/// When a query fails.
 pub async fn breakdown(db: &tokio_postgres::Client) -> anyhow::Result<Vec<Hop>> {
-    let rows = db.query(&breakdown_sql(), &[]).await?;
+    let published: HashMap<(String, String), f64> = db
+        .query(
+            &format!(
+                "SELECT payload::jsonb ->> 'transferId', event_type::text, {} FROM outbox_events \
+                 WHERE event_type IN ('TransferRequested', 'TransferSettled') AND published_at IS NOT NULL",
+                ms("published_at")
+            ),
+            &[],
+        )
+        .await?
+        .iter()
+        .filter_map(|r| Some(((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)), r.get::<_, f64>(2))))
+        .collect();
+    let rows = db
+        .query(
+            &format!(
+                "SELECT t.id::text, {}, {}, {}, {} FROM transfers t \
+                 JOIN antifraud_decisions d ON d.transfer_id = t.id \
+                 JOIN processed_transfers p ON p.transfer_id = t.id WHERE t.status = 'SETTLED'",
+                ms("t.created_at"),
+                ms("d.decided_at"),
+                ms("p.processed_at"),
+                ms("t.updated_at")
+            ),
+            &[],
+        )
+        .await?;
+    let mut samples: [Vec<f64>; 5] = Default::default();
+    for r in &rows {
+        let id: String = r.get(0);
+        let (created, decided, settled, last): (f64, f64, f64, f64) = (r.get(1), r.get(2), r.get(3), r.get(4));
+        let requested = published.get(&(id.clone(), "TransferRequested".to_owned())).copied();
+        let announced = published.get(&(id, "TransferSettled".to_owned())).copied();
+        let hops = [
+            requested.map(|p| p - created),
+            requested.map(|p| decided - p),
+            Some(settled - decided),
+            announced.map(|p| p - settled),
+            announced.map(|p| last - p),
+        ];
+        for (sample, hop) in samples.iter_mut().zip(hops) {
+            sample.extend(hop);
+        }
+    }
     Ok(HOPS
         .iter()
-        .enumerate()
-        .map(|(i, (name, _))| {
-            let mut ms: Vec<f64> = rows.iter().filter_map(|r| r.get::<_, Option<f64>>(i)).collect();
+        .zip(samples)
+        .map(|(name, mut ms)| {
             ms.sort_by(f64::total_cmp);
             Hop { name, samples: ms.len(), p50_ms: quantile(&ms, 0.5), p99_ms: quantile(&ms, 0.99) }
         })

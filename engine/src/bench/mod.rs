@@ -7,6 +7,7 @@ pub mod e2e;
 pub mod hops;
 pub mod ledger;
 pub mod outbox;
+pub mod plot;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
