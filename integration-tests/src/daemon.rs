@@ -313,3 +313,21 @@ pub fn free_addr() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
     format!("127.0.0.1:{port}")
 }
+
+/// Waits (bounded by `deadline`) for `child` to exit on its own; whether it exited 0.
+///
+/// # Panics
+/// When the deadline passes.
+pub async fn wait_exit(child: &mut std::process::Child, what: &str, deadline: Deadline) -> bool {
+    wait_until(what, deadline, || {
+        let status = child.try_wait();
+        async move {
+            match status {
+                Ok(Some(s)) => Ok(s.success()),
+                Ok(None) => Err("still running".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await
+}

@@ -210,6 +210,27 @@ pub async fn select(
     .await
 }
 
+/// The rows keyed `key` whose payload names `transfer_id` (a transfer's events are keyed
+/// by its source account), replayed or not, by id.
+///
+/// # Errors
+/// Any database error.
+pub async fn of_transfer(
+    conn: &mut AsyncPgConnection,
+    key: &str,
+    transfer_id: uuid::Uuid,
+) -> Result<Vec<DeadLetter>, diesel::result::Error> {
+    diesel::sql_query(format!(
+        "SELECT {COLUMNS} FROM dead_letters \
+         WHERE record_key = convert_to($1, 'UTF8') AND position(convert_to($2, 'UTF8') IN payload) > 0 \
+         ORDER BY id"
+    ))
+    .bind::<Text, _>(key)
+    .bind::<Text, _>(transfer_id.to_string())
+    .load(conn)
+    .await
+}
+
 /// Marks `ids` replayed now.
 ///
 /// # Errors

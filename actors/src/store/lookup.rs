@@ -12,6 +12,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use tally_schema::models::Transfer;
 use uuid::Uuid;
 
+use super::dead_letters::{self, DeadLetter};
 use super::decisions::{self, Decision};
 use super::transfers;
 
@@ -24,7 +25,7 @@ pub struct TransferStory {
     pub postings: Vec<PostingRow>,
     pub outbox: Vec<OutboxRow>,
     pub deliveries: Vec<DeliveryRow>,
-    pub dead_letters: Vec<DeadLetterRow>,
+    pub dead_letters: Vec<DeadLetter>,
 }
 
 /// The ledger's inbox row: how and when the ledger settled the transfer.
@@ -77,27 +78,6 @@ pub struct DeliveryRow {
     pub delivered_at: DateTime<Utc>,
 }
 
-/// A `dead_letters` row whose payload names the transfer.
-#[derive(Debug, Clone, QueryableByName)]
-pub struct DeadLetterRow {
-    #[diesel(sql_type = BigInt)]
-    pub id: i64,
-    #[diesel(sql_type = Text)]
-    pub original_topic: String,
-    #[diesel(sql_type = Integer)]
-    pub original_partition: i32,
-    #[diesel(sql_type = BigInt)]
-    pub original_offset: i64,
-    #[diesel(sql_type = Text)]
-    pub exception_kind: String,
-    #[diesel(sql_type = Text)]
-    pub exception_message: String,
-    #[diesel(sql_type = Timestamptz)]
-    pub created_at: DateTime<Utc>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    pub replayed_at: Option<DateTime<Utc>>,
-}
-
 /// Everything the tables hold about transfer `id`, or `None` when there is no such
 /// transfer. `event_ids` are the ids its events would have (derived from `id`): their
 /// outbox rows, while the outbox keeps them.
@@ -143,16 +123,7 @@ pub async fn transfer_story(
     .bind::<SqlUuid, _>(id)
     .load::<DeliveryRow>(conn)
     .await?;
-    let dead_letters = diesel::sql_query(
-        "SELECT id, original_topic, original_partition, original_offset, exception_kind, \
-                exception_message, created_at, replayed_at FROM dead_letters \
-         WHERE record_key = convert_to($1, 'UTF8') AND position(convert_to($2, 'UTF8') IN payload) > 0 \
-         ORDER BY id",
-    )
-    .bind::<Text, _>(&transfer.source_account)
-    .bind::<Text, _>(id.to_string())
-    .load::<DeadLetterRow>(conn)
-    .await?;
+    let dead_letters = dead_letters::of_transfer(conn, &transfer.source_account, id).await?;
     Ok(Some(TransferStory { transfer, decision, settlement, postings, outbox, deliveries, dead_letters }))
 }
 

@@ -200,8 +200,9 @@ fn timeline(story: &TransferStory, topics: &TopicsConfig) -> Vec<Step> {
 #[cfg(test)]
 mod tests {
     use chrono::TimeZone;
+    use tally_actors::store::dead_letters::DeadLetter;
     use tally_actors::store::decisions::{Decision, BLOCKED};
-    use tally_actors::store::lookup::{DeadLetterRow, DeliveryRow, OutboxRow, Settlement};
+    use tally_actors::store::lookup::{DeliveryRow, OutboxRow, Settlement};
     use tally_schema::models::Transfer;
 
     use super::*;
@@ -260,13 +261,20 @@ mod tests {
                 response_status: 200,
                 delivered_at: at(50),
             }],
-            dead_letters: vec![DeadLetterRow {
+            dead_letters: vec![DeadLetter {
                 id: 7,
                 original_topic: "transfers.analyzed".into(),
                 original_partition: 3,
                 original_offset: 9,
+                original_timestamp: None,
+                consumer_group: "tally-ledger".into(),
                 exception_kind: "poison".into(),
                 exception_message: "bad".into(),
+                attempts: 1,
+                record_key: Some(b"A".to_vec()),
+                payload: None,
+                headers: serde_json::json!([]),
+                dlt_error: String::new(),
                 created_at: at(25),
                 replayed_at: Some(at(60)),
             }],

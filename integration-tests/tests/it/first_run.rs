@@ -16,7 +16,8 @@ use std::sync::Arc;
 use reqwest::StatusCode;
 use serde_json::json;
 use tally_integration_tests::{
-    assert_error, free_addr, json_body, spawn_app, tally_binary, wait_settled, wait_until, Deadline, TestDb, TestEnv,
+    assert_error, free_addr, json_body, spawn_app, tally_binary, wait_exit, wait_settled, wait_until, Deadline, TestDb,
+    TestEnv,
 };
 
 /// Every secret of the configuration is set to a value that starts with this.
@@ -58,18 +59,7 @@ impl Proc {
 
     /// Waits (bounded) for the process to exit on its own; its success.
     async fn exited(&mut self, what: &str) -> bool {
-        let child = &mut self.child;
-        wait_until(what, Deadline::secs(120), || {
-            let status = child.try_wait();
-            async move {
-                match status {
-                    Ok(Some(s)) => Ok(s.success()),
-                    Ok(None) => Err("still running".to_owned()),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-        })
-        .await
+        wait_exit(&mut self.child, what, Deadline::secs(120)).await
     }
 }
 

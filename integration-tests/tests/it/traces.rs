@@ -15,7 +15,7 @@ use std::process::Child;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_integration_tests::{
-    free_addr, spawn_tally_process, tally_binary, wait_settled, wait_until, Deadline, ReceivedCall, TestEnv,
+    free_addr, spawn_tally_process, tally_binary, wait_exit, wait_settled, wait_until, Deadline, ReceivedCall, TestEnv,
     WebhookReceiver,
 };
 
@@ -160,18 +160,7 @@ async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver) -
 /// Sends SIGTERM and waits for the exit; true when it exited 0.
 async fn stop_cleanly(daemon: &mut Daemon) -> bool {
     let _ = std::process::Command::new("kill").arg("-TERM").arg(daemon.0.id().to_string()).status();
-    let child = &mut daemon.0;
-    wait_until("the child exits", Deadline::DEFAULT, || {
-        let status = child.try_wait();
-        async move {
-            match status {
-                Ok(Some(s)) => Ok(s.success()),
-                Ok(None) => Err("still running".to_owned()),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-    })
-    .await
+    wait_exit(&mut daemon.0, "the child exits", Deadline::DEFAULT).await
 }
 
 async fn transfer(http: &reqwest::Client, intake: &str) -> String {
