@@ -12,7 +12,6 @@ use std::sync::Arc;
 use actix::Addr;
 use futures_util::future::BoxFuture;
 use tally_schema::events::TransferAnalyzed;
-use tally_schema::values::is_valid_traceparent;
 use tally_schema::{headers, AccountId, Currency};
 use tracing::field::display;
 
@@ -69,15 +68,14 @@ fn decode_transfer(record: &Record) -> Result<TransferAnalyzed, HandlerError> {
 /// The record's `traceparent` when it is a valid W3C one; anything else (too long for the
 /// outbox column, malformed) is ignored with a warning rather than failing the record.
 fn valid_traceparent(record: &Record) -> Option<String> {
-    let value = record.header(headers::TRACEPARENT)?;
-    match std::str::from_utf8(value) {
-        Ok(v) if is_valid_traceparent(v) => Some(v.to_owned()),
-        _ => {
+    let valid = record.traceparent();
+    if valid.is_none() {
+        if let Some(value) = record.header(headers::TRACEPARENT) {
             tracing::warn!(topic = %record.topic, partition = record.partition, offset = record.offset,
                            length = value.len(), "Ignoring an invalid traceparent header.");
-            None
         }
     }
+    valid.map(str::to_owned)
 }
 
 impl RecordHandler for LedgerHandler {

@@ -21,6 +21,7 @@ use uuid::Uuid;
 
 use super::auth::Admin;
 use super::error::ApiError;
+use super::intake::TransferView;
 use super::AppState;
 use crate::config::TopicsConfig;
 
@@ -93,19 +94,9 @@ struct Step {
 }
 
 fn view(story: &TransferStory, topics: &TopicsConfig) -> Value {
-    let t = &story.transfer;
     json!({
-        "transfer": {
-            "id": t.id,
-            "sourceAccount": t.source_account,
-            "destinationAccount": t.destination_account,
-            "amountCents": t.amount_cents,
-            "currency": t.currency,
-            "status": t.status,
-            "rejectionReason": t.rejection_reason,
-            "createdAt": t.created_at,
-            "updatedAt": t.updated_at,
-        },
+        // The same view as the intake's GET /transfers/{id}.
+        "transfer": TransferView::from(story.transfer.clone()),
         "decision": story.decision.as_ref().map(|d| json!({
             "outcome": d.outcome,
             "score": d.score,

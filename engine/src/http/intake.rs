@@ -120,21 +120,14 @@ async fn accept_transfer(
         Some(traceparent),
     )
     .await?;
+    let answer = |outcome, mut response: actix_web::HttpResponseBuilder, t: Transfer| {
+        let id = t.id;
+        let body = response.insert_header((header::LOCATION, format!("/transfers/{id}"))).json(TransferView::from(t));
+        Ok((outcome, id, body))
+    };
     match created {
-        Created::New(t) => Ok((
-            "created",
-            t.id,
-            HttpResponse::Created()
-                .insert_header((header::LOCATION, format!("/transfers/{}", t.id)))
-                .json(TransferView::from(t)),
-        )),
-        Created::Replayed(t) => Ok((
-            "replayed",
-            t.id,
-            HttpResponse::Ok()
-                .insert_header((header::LOCATION, format!("/transfers/{}", t.id)))
-                .json(TransferView::from(t)),
-        )),
+        Created::New(t) => answer("created", HttpResponse::Created(), t),
+        Created::Replayed(t) => answer("replayed", HttpResponse::Ok(), t),
         Created::KeyConflict => Err(ApiError::Conflict {
             code: "idempotency_key_conflict",
             message: "this Idempotency-Key was already used with a different request".into(),
