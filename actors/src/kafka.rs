@@ -86,6 +86,10 @@ impl KafkaClients {
             // librdkafka waits up to 500 ms for an empty fetch by default; the mock broker
             // does not answer early when data arrives, which adds that wait per hop.
             .set("fetch.wait.max.ms", "25")
+            // Incremental cooperative rebalancing (KIP-429): a rebalance revokes only the
+            // partitions that change owner; the others keep flowing, undrained. (Eager
+            // assignment revokes every partition of every member on each rebalance.)
+            .set("partition.assignment.strategy", "cooperative-sticky")
             .set_log_level(RDKafkaLogLevel::Warning);
         let mut c = Self::layer(c, &self.consumer);
         // After the pass-through: one id shared by several members would fence them all.
@@ -162,6 +166,7 @@ mod tests {
         assert_eq!(c.get("session.timeout.ms"), Some("45000"));
         assert_eq!(c.get("client.id"), Some("tally-ledger"));
         assert_eq!(c.get("group.instance.id"), None);
+        assert_eq!(c.get("partition.assignment.strategy"), Some("cooperative-sticky"));
         let p = clients().producer("tally-outbox", Duration::from_secs(30));
         assert_eq!((p.get("linger.ms"), p.get("acks")), (Some("7"), Some("all")));
         assert_eq!(p.get("enable.idempotence"), Some("false"), "the operator's word");

@@ -119,6 +119,8 @@ metrics! {
                      aborted (by the stage), retried (a retriable call made again), producer_renewed (re-created \
                      after a fatal error or a failed abort).", labels ["outcome"];
     rebalances_total: IntCounterVec = "Consumer group rebalance events seen by a pipeline, by event (assigned, revoked).", labels ["pipeline", "event"];
+    rebalance_partitions_total: IntCounterVec = "Partitions a pipeline was given or gave up in rebalances, by event (assigned, revoked): \
+                     with cooperative assignment only the partitions that move are counted.", labels ["pipeline", "event"];
     antifraud_score: Histogram = "Risk scores given by the antifraud stage.", buckets &[10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0];
     notification_deliveries_total: IntCounterVec = "Webhook deliveries, by outcome (delivered, failed, already_delivered, dead_lettered).", labels ["outcome"];
     retry_records_total: IntCounterVec = "Records written to a retry topic, by topic and the attempt they carry.", labels ["topic", "attempt"];

@@ -121,6 +121,7 @@ impl ConsumerContext for AntifraudContext {
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             self.metrics.rebalances_total.with_label_values(&[PIPELINE, "revoked"]).inc();
+            self.metrics.rebalance_partitions_total.with_label_values(&[PIPELINE, "revoked"]).inc_by(tpl.count() as u64);
             let mut revoked = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
             revoked.extend(tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())));
         }
@@ -129,6 +130,7 @@ impl ConsumerContext for AntifraudContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             self.metrics.rebalances_total.with_label_values(&[PIPELINE, "assigned"]).inc();
+            self.metrics.rebalance_partitions_total.with_label_values(&[PIPELINE, "assigned"]).inc_by(tpl.count() as u64);
             self.assigned.store(true, Ordering::Relaxed);
             self.received_assignment.store(true, Ordering::Relaxed);
             // librdkafka keeps a pause across re-assignment but new partitions start

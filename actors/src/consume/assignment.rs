@@ -167,6 +167,11 @@ impl ConsumerContext for DriverContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             self.shared.metrics.rebalances_total.with_label_values(&[&self.shared.spec.name, "revoked"]).inc();
+            self.shared
+                .metrics
+                .rebalance_partitions_total
+                .with_label_values(&[&self.shared.spec.name, "revoked"])
+                .inc_by(tpl.count() as u64);
             let partitions: Vec<TopicPartition> =
                 tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
             info!(pipeline = %self.shared.spec.name, partitions = partitions.len(), "Partitions revoked; draining.");
@@ -178,6 +183,11 @@ impl ConsumerContext for DriverContext {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 self.shared.metrics.rebalances_total.with_label_values(&[&self.shared.spec.name, "assigned"]).inc();
+                self.shared
+                    .metrics
+                    .rebalance_partitions_total
+                    .with_label_values(&[&self.shared.spec.name, "assigned"])
+                    .inc_by(tpl.count() as u64);
                 self.shared.assign(tpl);
                 self.shared.status.lock().unwrap_or_else(PoisonError::into_inner).assigned = true;
                 // librdkafka keeps an application pause across re-assignment: a partition

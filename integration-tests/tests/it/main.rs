@@ -18,5 +18,6 @@ mod noida;
 mod notifications;
 mod orders;
 mod outage;
+mod rebalance;
 mod stuck;
 mod traces;
