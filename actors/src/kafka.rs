@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::ClientConfig;
 
 /// Where the clients connect and the operator's pass-through properties. `Debug` shows
@@ -87,8 +88,9 @@ impl KafkaClients {
             // does not answer early when data arrives, which adds that wait per hop.
             .set("fetch.wait.max.ms", "25")
             // Incremental cooperative rebalancing (KIP-429): a rebalance revokes only the
-            // partitions that change owner; the others keep flowing, undrained. (Eager
-            // assignment revokes every partition of every member on each rebalance.)
+            // partitions that change owner; the others are not drained or re-fetched, and
+            // pause fetching only while the moving ones drain. (Eager assignment revokes
+            // every partition of every member on each rebalance.)
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set_log_level(RDKafkaLogLevel::Warning);
         let mut c = Self::layer(c, &self.consumer);
@@ -145,6 +147,23 @@ impl KafkaClients {
     #[must_use]
     pub fn admin(&self, client_id: &str) -> ClientConfig {
         Self::layer(self.base(client_id), &self.producer)
+    }
+}
+
+/// Logs an error a group consumer's poll returned. A member whose assignment strategy
+/// the group does not share (instances from before cooperative assignment still running)
+/// is refused until they are gone: that is said as an error, with what to do.
+pub fn log_consumer_error(pipeline: &str, e: &KafkaError) {
+    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::InconsistentGroupProtocol) {
+        tracing::error!(
+            pipeline,
+            error = %e,
+            "The consumer group refuses this member's partition.assignment.strategy: instances with \
+             another strategy (eager assignment, before cooperative-sticky) are still members. Stop them, \
+             or set kafka.consumer.\"partition.assignment.strategy\" to the group's strategy on this one."
+        );
+    } else {
+        tracing::warn!(pipeline, error = %e, "Consumer error.");
     }
 }
 

@@ -268,16 +268,41 @@ pub fn tally_binary() -> std::path::PathBuf {
     binary
 }
 
+/// A `tally run` child process, killed (SIGKILL) and reaped when dropped, so that a test
+/// that fails half-way leaves no daemon behind. Derefs to its [`std::process::Child`].
+#[derive(Debug)]
+pub struct TallyProcess(std::process::Child);
+
+impl std::ops::Deref for TallyProcess {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for TallyProcess {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for TallyProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `tally run` as a child process on `env` (its database, and its embedded broker
 /// as an external cluster), listeners on port 0, with extra `TALLY__*` variables. Its logs
 /// go to `target/<profile>/tally-child.log`, or `tally-child-<instance id>.log` when
 /// `extra` names the instance (appended across restarts), for post-mortems. Kill it with
-/// `Child::kill`.
+/// `Child::kill`, or drop it.
 ///
 /// # Panics
 /// When the process cannot be started.
 #[must_use]
-pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> std::process::Child {
+pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> TallyProcess {
     let binary = tally_binary();
     let log = match extra.iter().find(|(k, _)| *k == "TALLY__INSTANCE__ID") {
         Some((_, id)) => binary.with_file_name(format!("tally-child-{id}.log")),
@@ -303,6 +328,7 @@ pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> std::proces
         .stdout(std::process::Stdio::null())
         .stderr(stderr)
         .spawn()
+        .map(TallyProcess)
         .expect("start tally run")
 }
 

@@ -121,7 +121,10 @@ impl ConsumerContext for AntifraudContext {
     fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             self.metrics.rebalances_total.with_label_values(&[PIPELINE, "revoked"]).inc();
-            self.metrics.rebalance_partitions_total.with_label_values(&[PIPELINE, "revoked"]).inc_by(tpl.count() as u64);
+            self.metrics
+                .rebalance_partitions_total
+                .with_label_values(&[PIPELINE, "revoked"])
+                .inc_by(tpl.count() as u64);
             let mut revoked = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
             revoked.extend(tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())));
         }
@@ -130,8 +133,15 @@ impl ConsumerContext for AntifraudContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             self.metrics.rebalances_total.with_label_values(&[PIPELINE, "assigned"]).inc();
-            self.metrics.rebalance_partitions_total.with_label_values(&[PIPELINE, "assigned"]).inc_by(tpl.count() as u64);
-            self.assigned.store(true, Ordering::Relaxed);
+            self.metrics
+                .rebalance_partitions_total
+                .with_label_values(&[PIPELINE, "assigned"])
+                .inc_by(tpl.count() as u64);
+            // Cooperative assignment ends every rebalance with an Assign, often empty:
+            // the velocity window is rebuilt only when partitions were added.
+            if tpl.count() > 0 {
+                self.assigned.store(true, Ordering::Relaxed);
+            }
             self.received_assignment.store(true, Ordering::Relaxed);
             // librdkafka keeps a pause across re-assignment but new partitions start
             // unpaused: set every assigned partition to the stage's state.
@@ -140,7 +150,9 @@ impl ConsumerContext for AntifraudContext {
             if let Err(e) = result {
                 warn!(pipeline = PIPELINE, error = %e, "Cannot set the pause state of new partitions.");
             }
-            info!(pipeline = PIPELINE, partitions = tpl.count(), paused = hold, "Partitions assigned.");
+            if tpl.count() > 0 {
+                info!(pipeline = PIPELINE, partitions = tpl.count(), paused = hold, "Partitions assigned.");
+            }
         }
     }
 }
@@ -351,7 +363,7 @@ fn gather(consumer: &BaseConsumer<AntifraudContext>, spec: &AntifraudSpec) -> Ve
                 batch.push(Record::from_message(&m));
                 deadline.get_or_insert_with(|| Instant::now() + spec.max_batch_wait);
             }
-            Some(Err(e)) => warn!(pipeline = PIPELINE, error = %e, "Consumer error."),
+            Some(Err(e)) => crate::kafka::log_consumer_error(PIPELINE, &e),
             None => {}
         }
         if deadline.is_none_or(|d| Instant::now() >= d) {

@@ -173,12 +173,29 @@ pub(super) fn finish(
             refused: None,
         })?;
     }
-    producer.commit_transaction(spec.call_timeout).map_err(|error| TxnFailure {
+    let left = await_deliveries(producer, spec.call_timeout);
+    producer.commit_transaction(left).map_err(|error| TxnFailure {
         error,
         phase: Phase::Commit,
         open: true,
         refused: None,
     })
+}
+
+/// Waits (at most `limit`) until the broker acknowledged every record produced and the
+/// producer's thread served their reports. rdkafka's `commit_transaction` flushes first,
+/// and its flush, finding records still out, polls the event queue for 100 ms at a time,
+/// a queue this producer's own thread serves: every commit with a record in flight (one
+/// produced within `linger.ms`, i.e. nearly always) took 100 ms. Checked here every
+/// millisecond instead, its flush finds nothing left. Returns what is left of `limit` (at
+/// least 1 ms) for the commit call, so that the call as a whole still blocks at most
+/// `limit`; a flush that outlasts it fails the commit as retriable, as before.
+fn await_deliveries(producer: &TxnProducer, limit: Duration) -> Duration {
+    let deadline = Instant::now() + limit;
+    while producer.in_flight_count() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
 }
 
 /// The offsets to commit: per partition, one past the highest offset of the batch.

@@ -94,7 +94,9 @@ impl DriverState {
             let stash = VecDeque::new();
             slots.insert(tp, Slot { addr, tx, shared, stored: -1, stash, paused: false, lease, first_taken: None });
         }
-        info!(pipeline = %self.spec.name, partitions = tpl.count(), "Partitions assigned.");
+        if tpl.count() > 0 {
+            info!(pipeline = %self.spec.name, partitions = tpl.count(), "Partitions assigned.");
+        }
     }
 
     /// Drains the given partitions (bounded by the drain timeout), stores their final

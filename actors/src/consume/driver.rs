@@ -81,7 +81,7 @@ pub(super) fn drive(
                 drop(message);
                 route(consumer, shared, record);
             }
-            Some(Err(e)) => warn!(pipeline = %name, error = %e, "Consumer error."),
+            Some(Err(e)) => crate::kafka::log_consumer_error(&name, &e),
             None => {}
         }
         if !paused_all && !shared.degraded_pause.load(Ordering::Relaxed) {

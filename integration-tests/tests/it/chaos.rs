@@ -29,7 +29,6 @@
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,7 +38,7 @@ use rdkafka::types::RDKafkaRespErr;
 use serde_json::{json, Value};
 use tally_engine::broker::api_key;
 use tally_integration_tests::{
-    producer, read_topic, spawn_tally_process, Deadline, ReceivedCall, TestEnv, WebhookReceiver,
+    producer, read_topic, spawn_tally_process, Deadline, ReceivedCall, TallyProcess, TestEnv, WebhookReceiver,
 };
 use uuid::Uuid;
 
@@ -54,7 +53,7 @@ struct Daemon {
     env: Vec<(String, String)>,
     intake: String,
     admin: String,
-    child: Option<Child>,
+    child: Option<TallyProcess>,
 }
 
 fn free_port() -> u16 {

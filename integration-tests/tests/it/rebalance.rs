@@ -1,6 +1,6 @@
 //! Rebalances under cooperative (incremental) assignment: a member that joins, or one
 //! that dies, moves only the partitions that change owner. A partition that stays where it
-//! is is never revoked, so it is never drained and never stops.
+//! is is never revoked, so it is never drained nor read again from its committed offset.
 
 use tally_integration_tests::*;
 

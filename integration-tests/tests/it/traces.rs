@@ -10,13 +10,12 @@
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::collections::HashMap;
-use std::process::Child;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_integration_tests::{
-    free_addr, spawn_tally_process, tally_binary, wait_exit, wait_settled, wait_until, Deadline, ReceivedCall, TestEnv,
-    WebhookReceiver,
+    free_addr, spawn_tally_process, tally_binary, wait_exit, wait_settled, wait_until, Deadline, ReceivedCall,
+    TallyProcess, TestEnv, WebhookReceiver,
 };
 
 /// The hops of a settled, notified transfer, in order; `outbox.publish` twice (the request
@@ -88,15 +87,6 @@ fn received_spans(calls: &[ReceivedCall]) -> Vec<Span> {
 }
 
 /// The child daemon, killed however the test ends.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
     let res = http.post(&url).json(&body).send().await.expect("POST");
     assert_eq!(res.status(), StatusCode::CREATED, "POST {url}");
@@ -106,7 +96,7 @@ async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
 /// A `tally run` child on `env` exporting traces to `endpoint`, notifying `webhook`, with
 /// JSON logs; once ready, with accounts T-A and T-B.
 struct Child_ {
-    daemon: Daemon,
+    daemon: TallyProcess,
     intake: String,
     admin: String,
     log_path: std::path::PathBuf,
@@ -121,7 +111,7 @@ async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver) -
     }
     let (intake, admin) = (free_addr(), free_addr());
     let instance = format!("traces-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let daemon = Daemon(spawn_tally_process(
+    let daemon = spawn_tally_process(
         env,
         &[
             ("TALLY__INSTANCE__ID", &instance),
@@ -135,7 +125,7 @@ async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver) -
             // The SDK's batch processor sends every 200 ms rather than every 5 s.
             ("OTEL_BSP_SCHEDULE_DELAY", "200"),
         ],
-    ));
+    );
     let log_path = tally_binary().with_file_name(format!("tally-child-{instance}.log"));
     let http = reqwest::Client::new();
     wait_until("the child is ready", Deadline::secs(120), || async {
@@ -158,9 +148,9 @@ async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver) -
 }
 
 /// Sends SIGTERM and waits for the exit; true when it exited 0.
-async fn stop_cleanly(daemon: &mut Daemon) -> bool {
-    let _ = std::process::Command::new("kill").arg("-TERM").arg(daemon.0.id().to_string()).status();
-    wait_exit(&mut daemon.0, "the child exits", Deadline::DEFAULT).await
+async fn stop_cleanly(daemon: &mut TallyProcess) -> bool {
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(daemon.id().to_string()).status();
+    wait_exit(daemon, "the child exits", Deadline::DEFAULT).await
 }
 
 async fn transfer(http: &reqwest::Client, intake: &str) -> String {
