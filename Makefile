@@ -45,11 +45,13 @@ fmt: ## Format the code
 migrate: db ## Create the database if missing and apply pending migrations
 	$(CARGO) run -p tally-engine --bin tally -- migrate
 
-bench: db ## Load scenarios ledger (vs seed-style baseline), e2e, outbox (vs seed relay); release build; JSON in target/bench/
+bench: db ## Load scenarios ledger (vs seed-style baseline), e2e, outbox (vs seed relay), stages (each alone vs e2e vs seed), scale (1..3 daemons, kill one); release build; JSON in target/bench/
 	$(CARGO) build --release -p tally-engine --bin tally
 	TALLY__LOG__LEVEL=warn ./target/release/tally bench ledger $(BENCH_LEDGER_ARGS)
 	TALLY__LOG__LEVEL=warn ./target/release/tally bench e2e $(BENCH_E2E_ARGS)
 	TALLY__LOG__LEVEL=warn ./target/release/tally bench outbox $(BENCH_OUTBOX_ARGS)
+	TALLY__LOG__LEVEL=warn ./target/release/tally bench stages $(BENCH_STAGES_ARGS)
+	TALLY__LOG__LEVEL=warn ./target/release/tally bench scale $(BENCH_SCALE_ARGS)
 
 broker: ## Run a standalone in-memory Kafka broker on 127.0.0.1:19092
 	$(CARGO) run -p tally-engine --bin tally -- broker --listen 127.0.0.1:19092

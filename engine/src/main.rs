@@ -110,6 +110,51 @@ enum BenchScenario {
         #[arg(long, default_value_t = 10_000)]
         accounts: usize,
     },
+    /// Each stage alone on pre-produced input (outbox drain, antifraud, ledger, projection,
+    /// notifications), then end to end, then end to end in the seed configuration; the
+    /// ratios between them.
+    Stages {
+        /// Input records of each stage alone.
+        #[arg(long, default_value_t = 10_000)]
+        records: usize,
+        /// Transfers of the end-to-end run (open loop).
+        #[arg(long, default_value_t = 5_000)]
+        e2e_transfers: usize,
+        /// Transfers of the end-to-end run in the seed configuration.
+        #[arg(long, default_value_t = 500)]
+        seed_transfers: usize,
+        /// Longest sending time of each end-to-end run.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Concurrent clients of the end-to-end runs.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 10_000)]
+        accounts: usize,
+        #[arg(long, default_value_t = 12)]
+        partitions: i32,
+        /// The Kafka cluster: the in-process embedded broker, or noida-db (real
+        /// transactions; installed by scripts/ensure-noida.sh) as a child process.
+        #[arg(long, value_enum, default_value_t = tally_engine::bench::cluster::ClusterKind::Embedded)]
+        broker: tally_engine::bench::cluster::ClusterKind,
+    },
+    /// The ledger on 1..=N daemons of one group (separate processes), then a SIGKILL of one
+    /// of two under a steady stream: how long each partition stood still.
+    Scale {
+        #[arg(long, default_value_t = 3)]
+        daemons: usize,
+        /// Records per throughput run.
+        #[arg(long, default_value_t = 40_000)]
+        transfers: usize,
+        #[arg(long, default_value_t = 10_000)]
+        accounts: usize,
+        /// Records per second through the kill run.
+        #[arg(long, default_value_t = 1_000)]
+        rate: u32,
+        /// Length of the kill run (the kill happens at a third of it).
+        #[arg(long, default_value_t = 30)]
+        kill_seconds: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -155,7 +200,13 @@ fn main() -> ExitCode {
         Command::Bench { scenario: BenchScenario::Ledger { transfers, accounts, partitions, no_baseline } } => {
             tally_engine::bench::ledger::run(
                 &config,
-                &tally_engine::bench::ledger::Args { transfers, accounts, partitions, baseline: !no_baseline },
+                &tally_engine::bench::ledger::Args {
+                    transfers,
+                    accounts,
+                    partitions,
+                    baseline: !no_baseline,
+                    database_prefix: "tally_bench".into(),
+                },
             )
         }
         Command::Bench { scenario: BenchScenario::Outbox { rows, rate, seconds } } => {
@@ -165,6 +216,38 @@ fn main() -> ExitCode {
             tally_engine::bench::e2e::run(
                 &config,
                 &tally_engine::bench::e2e::Args { rate, rate_seconds, max_seconds, clients, accounts },
+            )
+        }
+        Command::Bench {
+            scenario:
+                BenchScenario::Stages {
+                    records,
+                    e2e_transfers,
+                    seed_transfers,
+                    seconds,
+                    clients,
+                    accounts,
+                    partitions,
+                    broker,
+                },
+        } => tally_engine::bench::stages::run(
+            &config,
+            &tally_engine::bench::stages::Args {
+                records,
+                e2e_transfers,
+                seed_transfers,
+                seconds,
+                clients,
+                accounts,
+                partitions,
+                broker,
+                database_prefix: "tally_bench_stages".into(),
+            },
+        ),
+        Command::Bench { scenario: BenchScenario::Scale { daemons, transfers, accounts, rate, kill_seconds } } => {
+            tally_engine::bench::scale::run(
+                &config,
+                &tally_engine::bench::scale::Args { daemons, transfers, accounts, rate, kill_seconds },
             )
         }
     };

@@ -17,12 +17,15 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
+use super::cluster::{Cluster, ClusterKind};
 use super::{
-    account, connect as db, fresh_database, hops, peak_rss_mib, plot, quantile, wait_for_zero, write_report, Progress,
+    account, connect as db, daemon_config, fresh_database, hops, peak_rss_mib, plot, quantile, wait_for_zero,
+    write_report, Progress,
 };
-use crate::broker::EmbeddedBroker;
-use crate::config::{Config, SecretUrl};
+use crate::config::Config;
+use crate::DaemonHandle;
 
+/// What to run.
 #[derive(Debug, Clone)]
 pub struct Args {
     pub rate: u32,
@@ -32,6 +35,7 @@ pub struct Args {
     pub accounts: usize,
 }
 
+/// The figures of one load phase.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Phase {
@@ -67,6 +71,23 @@ struct Report {
     ledger_invariants_ok: bool,
 }
 
+/// One load phase: POST /transfers at `rate` per second, or as fast as `clients`
+/// concurrent clients go (`rate` `None`), for `seconds` or until `limit` transfers are
+/// sent, whichever comes first; then wait for every transfer's final status.
+#[derive(Debug, Clone)]
+pub struct Load {
+    pub rate: Option<u32>,
+    pub seconds: u64,
+    pub clients: usize,
+    pub limit: Option<usize>,
+}
+
+impl Load {
+    fn name(&self) -> String {
+        self.rate.map_or_else(|| format!("open loop, {} clients", self.clients), |r| format!("{r}/s offered"))
+    }
+}
+
 /// Runs the scenario.
 ///
 /// # Errors
@@ -75,38 +96,18 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     if args.accounts < 2 || args.rate == 0 || args.clients == 0 {
         bail!("need at least 2 accounts, a positive rate and at least 1 client");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = super::runtime()?;
     let url = runtime.block_on(fresh_database(base, "tally_bench_e2e", args.accounts))?;
-    let broker = Arc::new(EmbeddedBroker::start(1)?);
-    let mut config = base.clone();
-    config.database.url = SecretUrl::new(url.clone());
-    config.kafka.brokers = "embedded".into();
-    config.kafka.embedded_brokers = 1;
-    config.kafka.replication_factor = 1;
-    config.http.intake_addr = ([127, 0, 0, 1], 0).into();
-    config.http.admin_addr = ([127, 0, 0, 1], 0).into();
+    let cluster = Cluster::start(ClusterKind::Embedded)?;
     eprintln!("e2e bench: starting a daemon with every pipeline");
-    let daemon = crate::spawn(config, Some(broker))?;
-    let intake = format!("http://{}", daemon.intake_addr);
-    let client = reqwest::Client::builder().pool_max_idle_per_host(args.clients).build()?;
-    // Let every consumer group join before load starts.
-    runtime.block_on(warm_up(&client, &intake, &url))?;
-
-    let mut phases = Vec::new();
-    let rate_phase = runtime.block_on(load(&client, &intake, &url, args, Some(args.rate)))?;
-    phases.push(rate_phase);
-    let max_phase = runtime.block_on(load(&client, &intake, &url, args, None))?;
-    phases.push(max_phase);
-    let check = runtime.block_on(super::http_get(&format!("http://{}/admin/ledger/check", daemon.admin_addr)))?;
-    let check: serde_json::Value = serde_json::from_str(&check)?;
-    let report = Report {
-        scenario: "e2e",
-        accounts: args.accounts,
-        phases,
-        peak_rss_mib: peak_rss_mib(),
-        ledger_invariants_ok: check["ok"] == true,
-    };
-    daemon.stop();
+    let target = Target::start(daemon_config(base, &url, &cluster), &cluster, args.clients, args.accounts, &runtime)?;
+    let fixed = Load { rate: Some(args.rate), seconds: args.rate_seconds, clients: args.clients, limit: None };
+    let open = Load { rate: None, seconds: args.max_seconds, clients: args.clients, limit: None };
+    let phases = vec![runtime.block_on(target.load(&fixed))?, runtime.block_on(target.load(&open))?];
+    let ledger_invariants_ok = runtime.block_on(target.ledger_ok())?;
+    target.daemon.stop();
+    let report =
+        Report { scenario: "e2e", accounts: args.accounts, phases, peak_rss_mib: peak_rss_mib(), ledger_invariants_ok };
     print_table(&report);
     let path = write_report("e2e", &report)?;
     println!("JSON: {}", path.display());
@@ -116,9 +117,125 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A daemon with every pipeline on a fresh database, warmed up: what the load phases POST
+/// to and measure.
+pub struct Target {
+    pub daemon: DaemonHandle,
+    url: String,
+    intake: String,
+    client: reqwest::Client,
+    accounts: usize,
+}
+
+impl Target {
+    /// Starts a daemon on `config` (its database fresh, from [`fresh_database`] with
+    /// `accounts` accounts) and `cluster`, and lets every consumer group join: one transfer
+    /// through every stage, then forgotten. The HTTP client keeps up to `clients`
+    /// connections.
+    ///
+    /// # Errors
+    /// When the daemon does not start or the first transfer does not reach a final status.
+    pub fn start(
+        config: Config,
+        cluster: &Cluster,
+        clients: usize,
+        accounts: usize,
+        runtime: &tokio::runtime::Runtime,
+    ) -> anyhow::Result<Self> {
+        let url = config.database.url.expose().to_owned();
+        let daemon = crate::spawn(config, cluster.embedded())?;
+        let intake = format!("http://{}", daemon.intake_addr);
+        let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
+        let target = Self { daemon, url, intake, client, accounts };
+        runtime.block_on(async {
+            target.post(0).await?;
+            wait_final(&target.url, None, Duration::from_secs(120)).await?;
+            clear(&target.url).await
+        })?;
+        Ok(target)
+    }
+
+    async fn post(&self, n: usize) -> anyhow::Result<()> {
+        post(&self.client, &self.intake, n, self.accounts).await
+    }
+
+    /// Runs one load phase and measures it from the database; forgets its transfers after.
+    ///
+    /// # Errors
+    /// When a query fails or the transfers do not all reach a final status in 10 minutes.
+    pub async fn load(&self, load: &Load) -> anyhow::Result<Phase> {
+        let name = load.name();
+        eprintln!(
+            "e2e bench: {name} for {} s{}",
+            load.seconds,
+            load.limit.map_or(String::new(), |l| format!(" or {l} transfers"))
+        );
+        let (sent, mut post_ms, errors) = self.send(load, &name).await?;
+        post_ms.sort_by(f64::total_cmp);
+        let created = u64::try_from(sent - errors)?;
+        wait_final(&self.url, Some(created), Duration::from_secs(600)).await?;
+        let mut phase = measure(&db(&self.url).await?, name).await?;
+        clear(&self.url).await?;
+        phase.offered_per_second = load.rate;
+        phase.sent = sent;
+        phase.http_errors = errors;
+        phase.post_p50_ms = quantile(&post_ms, 0.5);
+        phase.post_p99_ms = quantile(&post_ms, 0.99);
+        Ok(phase)
+    }
+
+    /// POSTs for the phase; returns how many were sent, each one's latency in ms, and how
+    /// many failed.
+    async fn send(&self, load: &Load, name: &str) -> anyhow::Result<(usize, Vec<f64>, usize)> {
+        let permits = Arc::new(Semaphore::new(if load.rate.is_some() { 1_000 } else { load.clients }));
+        let started = Instant::now();
+        let until = started + Duration::from_secs(load.seconds);
+        let mut tasks = Vec::new();
+        let mut n = 0_usize;
+        let mut progress = match load.limit {
+            Some(limit) => Progress::bar(&format!("{name}: transfers sent"), limit as u64),
+            None => Progress::spinner(name),
+        };
+        while Instant::now() < until && load.limit.is_none_or(|l| n < l) {
+            if let Some(r) = load.rate {
+                let due = started + Duration::from_secs_f64(n as f64 / f64::from(r));
+                tokio::time::sleep_until(due.into()).await;
+            }
+            let permit = Arc::clone(&permits).acquire_owned().await.context("load permits")?;
+            let (client, intake, accounts) = (self.client.clone(), self.intake.clone(), self.accounts);
+            tasks.push(tokio::spawn(async move {
+                let sent = Instant::now();
+                let result = post(&client, &intake, n + 1, accounts).await;
+                drop(permit);
+                (sent.elapsed().as_secs_f64() * 1000.0, result.is_ok())
+            }));
+            n += 1;
+            progress.update(n as u64, || format!("sent {n}"));
+        }
+        progress.finish();
+        let mut post_ms = Vec::with_capacity(tasks.len());
+        let mut errors = 0;
+        for t in tasks {
+            let (ms, ok) = t.await?;
+            post_ms.push(ms);
+            errors += usize::from(!ok);
+        }
+        Ok((n, post_ms, errors))
+    }
+
+    /// Whether the ledger invariants hold (`/admin/ledger/check`).
+    ///
+    /// # Errors
+    /// When the admin endpoint does not answer JSON.
+    pub async fn ledger_ok(&self) -> anyhow::Result<bool> {
+        let check = super::http_get(&format!("http://{}/admin/ledger/check", self.daemon.admin_addr)).await?;
+        let check: serde_json::Value = serde_json::from_str(&check)?;
+        Ok(check["ok"] == true)
+    }
+}
+
 async fn post(client: &reqwest::Client, intake: &str, n: usize, accounts: usize) -> anyhow::Result<()> {
-    let from = (n * 7_919) % accounts;
-    let to = (from + 1 + (n * 104_729) % (accounts - 1)) % accounts;
+    let (from, to) = super::pair(n, accounts);
     let body = json!({
         "sourceAccount": account(from), "destinationAccount": account(to),
         "amountCents": 1 + (n % 500) as i64, "currency": "BRL",
@@ -130,16 +247,11 @@ async fn post(client: &reqwest::Client, intake: &str, n: usize, accounts: usize)
     Ok(())
 }
 
-async fn warm_up(client: &reqwest::Client, intake: &str, url: &str) -> anyhow::Result<()> {
-    post(client, intake, 0, 2).await?;
-    wait_final(url, Duration::from_secs(120)).await?;
-    clear(url).await
-}
-
-/// Waits until no transfer is PENDING.
-async fn wait_final(url: &str, limit: Duration) -> anyhow::Result<()> {
+/// Waits until no transfer is PENDING (a bar of the `total` created, when known).
+async fn wait_final(url: &str, total: Option<u64>, limit: Duration) -> anyhow::Result<()> {
     let client = db(url).await?;
-    wait_for_zero(&client, "SELECT count(*) FROM transfers WHERE status = 'PENDING'", "PENDING transfers", limit).await
+    let sql = "SELECT count(*) FROM transfers WHERE status = 'PENDING'";
+    wait_for_zero(&client, sql, "transfers finished", total, limit).await
 }
 
 /// Forgets finished transfers between phases (the measurements read `transfers`).
@@ -148,48 +260,9 @@ async fn clear(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn load(
-    client: &reqwest::Client,
-    intake: &str,
-    url: &str,
-    args: &Args,
-    rate: Option<u32>,
-) -> anyhow::Result<Phase> {
-    let name = rate.map_or_else(|| format!("open loop, {} clients", args.clients), |r| format!("{r}/s offered"));
-    let seconds = if rate.is_some() { args.rate_seconds } else { args.max_seconds };
-    eprintln!("e2e bench: {name} for {seconds} s");
-    let permits = Arc::new(Semaphore::new(if rate.is_some() { 1_000 } else { args.clients }));
-    let started = Instant::now();
-    let until = started + Duration::from_secs(seconds);
-    let mut tasks = Vec::new();
-    let mut n = 0_usize;
-    let mut progress = Progress::new(Duration::from_secs(2));
-    while Instant::now() < until {
-        if let Some(r) = rate {
-            let due = started + Duration::from_secs_f64(n as f64 / f64::from(r));
-            tokio::time::sleep_until(due.into()).await;
-        }
-        let permit = Arc::clone(&permits).acquire_owned().await.context("load permits")?;
-        let (client, intake, accounts) = (client.clone(), intake.to_owned(), args.accounts);
-        tasks.push(tokio::spawn(async move {
-            let sent = Instant::now();
-            let result = post(&client, &intake, n + 1, accounts).await;
-            drop(permit);
-            (sent.elapsed().as_secs_f64() * 1000.0, result.is_ok())
-        }));
-        n += 1;
-        progress.tick(|| format!("{name}: sent {n}"));
-    }
-    let mut post_ms = Vec::with_capacity(tasks.len());
-    let mut errors = 0;
-    for t in tasks {
-        let (ms, ok) = t.await?;
-        post_ms.push(ms);
-        errors += usize::from(!ok);
-    }
-    post_ms.sort_by(f64::total_cmp);
-    wait_final(url, Duration::from_secs(600)).await?;
-    let client_db = db(url).await?;
+/// The phase's figures from the finished transfers in the database (the POST figures are
+/// the caller's).
+async fn measure(client_db: &tokio_postgres::Client, name: String) -> anyhow::Result<Phase> {
     let row = client_db
         .query_one(
             "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM max(updated_at) - min(created_at)), 0)::float8 \
@@ -206,7 +279,7 @@ async fn load(
         .map(|r| r.get::<_, f64>(0))
         .collect();
     final_ms.sort_by(f64::total_cmp);
-    let hops = hops::breakdown(&client_db).await?;
+    let hops = hops::breakdown(client_db).await?;
     let per_second: Vec<(f64, f64)> = client_db
         .query(
             "SELECT floor(EXTRACT(EPOCH FROM updated_at - (SELECT min(created_at) FROM transfers \
@@ -218,16 +291,15 @@ async fn load(
         .iter()
         .map(|r| (r.get::<_, f64>(0), r.get::<_, f64>(1)))
         .collect();
-    clear(url).await?;
     Ok(Phase {
         name,
-        offered_per_second: rate,
-        sent: n,
-        http_errors: errors,
+        offered_per_second: None,
+        sent: 0,
+        http_errors: 0,
         finished,
         sustained_per_second: if span > 0.0 { finished as f64 / span } else { 0.0 },
-        post_p50_ms: quantile(&post_ms, 0.5),
-        post_p99_ms: quantile(&post_ms, 0.99),
+        post_p50_ms: None,
+        post_p99_ms: None,
         final_p50_ms: quantile(&final_ms, 0.5),
         final_p99_ms: quantile(&final_ms, 0.99),
         hops,

@@ -6,26 +6,30 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use rdkafka::config::ClientConfig;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use anyhow::bail;
 use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{fresh_database, histogram_quantile, http_get, metric_sum, peak_rss_mib, write_report, Progress};
+use super::cluster::{Cluster, ClusterKind};
+use super::stages::Stage;
+use super::{
+    daemon_config, fresh_database, histogram_quantile, http_get, metric_sum, peak_rss_mib, produce_all, write_report,
+    Outgoing, Progress,
+};
 use crate::app::Parts;
 use crate::bench::baseline::OneByOne;
-use crate::broker::EmbeddedBroker;
-use crate::config::{Config, LogFormat, SecretUrl};
+use crate::config::{Config, LogFormat};
 
+/// What to run.
 #[derive(Debug, Clone)]
 pub struct Args {
     pub transfers: usize,
     pub accounts: usize,
     pub partitions: i32,
     pub baseline: bool,
+    /// The runs' databases are `<prefix>_tally` and `<prefix>_baseline`.
+    pub database_prefix: String,
 }
 
 /// The measured figures of one run.
@@ -64,7 +68,7 @@ struct Report {
 }
 
 /// A small deterministic generator (xorshift64*), so every run uses the same data.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -74,7 +78,7 @@ impl Rng {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 }
@@ -86,24 +90,14 @@ use super::account;
 /// # Errors
 /// When the database or the broker cannot be used, or a run does not finish.
 pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
-    if args.accounts < 2 || args.transfers == 0 {
-        bail!("need at least 2 accounts and 1 transfer");
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let broker = Arc::new(EmbeddedBroker::start(1)?);
-    let topic = base.kafka.topics.transfers_analyzed.clone();
-    for t in base.kafka.topics.all() {
-        broker.create_topic_if_missing(&t, args.partitions, 1)?;
-    }
-    eprintln!(
-        "ledger bench: producing {} TransferAnalyzed records over {} accounts, {} partitions",
-        args.transfers, args.accounts, args.partitions
-    );
-    let (duplicates, insufficient) = runtime.block_on(produce(broker.bootstrap_servers(), &topic, args))?;
+    check(args)?;
+    let runtime = super::runtime()?;
+    let cluster = Cluster::start(ClusterKind::Embedded)?;
+    let (duplicates, insufficient) = runtime.block_on(produce(base, args, &cluster))?;
     eprintln!("  produced: {duplicates} duplicates, {insufficient} over the balance");
 
-    let tally = run_once(base, args, &broker, false, &runtime)?;
-    let baseline = if args.baseline { Some(run_once(base, args, &broker, true, &runtime)?) } else { None };
+    let tally = run_once(base, args, &cluster, false, &runtime)?;
+    let baseline = if args.baseline { Some(run_once(base, args, &cluster, true, &runtime)?) } else { None };
     let speedup = baseline.as_ref().map(|b| tally.records_per_second / b.records_per_second.max(f64::MIN_POSITIVE));
     let report = Report {
         scenario: "ledger",
@@ -122,94 +116,131 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn produce(bootstrap: &str, topic: &str, args: &Args) -> anyhow::Result<(usize, usize)> {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "20")
-        .set("batch.num.messages", "10000")
-        .set("queue.buffering.max.messages", "1000000")
-        .set("compression.type", "lz4")
-        .create()?;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut sent: Vec<(String, String)> = Vec::with_capacity(args.transfers);
-    let (mut duplicates, mut insufficient) = (0, 0);
-    let mut progress = Progress::new(Duration::from_secs(2));
-    for chunk_start in (0..args.transfers).step_by(20_000) {
-        let mut deliveries = Vec::with_capacity(20_000);
-        for i in chunk_start..(chunk_start + 20_000).min(args.transfers) {
-            let (key, payload) = if i > 0 && rng.below(100) == 0 {
-                duplicates += 1;
-                sent[rng.below(sent.len())].clone()
-            } else {
-                let from = rng.below(args.accounts);
-                let mut to = rng.below(args.accounts);
-                if to == from {
-                    to = (to + 1) % args.accounts;
-                }
-                let over = rng.below(50) == 0;
-                insufficient += usize::from(over);
-                let amount: i64 = if over { 10_000_000_000 } else { 1 + rng.below(1_000) as i64 };
-                let transfer_id = Uuid::new_v4();
-                let event = json!({
-                    "eventId": tally_schema::derived_event_id("analyzed", transfer_id),
-                    "transferId": transfer_id, "sourceAccount": account(from), "destinationAccount": account(to),
-                    "amountCents": amount, "currency": "BRL", "score": 10, "analyzedAt": chrono::Utc::now(),
-                });
-                (account(from), event.to_string())
-            };
-            let headers = OwnedHeaders::new().insert(Header { key: "event-type", value: Some("TransferAnalyzed") });
-            let record = FutureRecord::to(topic).key(&key).payload(&payload).headers(headers);
-            deliveries.push(producer.send_result(record).map_err(|(e, _)| e)?);
-            sent.push((key, payload));
-        }
-        for d in deliveries {
-            d.await.context("delivery report lost")?.map_err(|(e, _)| e)?;
-        }
-        progress.tick(|| format!("produced {}", sent.len()));
-    }
-    Ok((duplicates, insufficient))
+/// The ledger pipeline alone on `cluster` over `args.transfers` records produced first (no
+/// baseline): the ledger stage of `tally bench stages`.
+///
+/// # Errors
+/// As [`run`].
+pub fn alone(
+    base: &Config,
+    args: &Args,
+    cluster: &Cluster,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<RunReport> {
+    check(args)?;
+    runtime.block_on(produce(base, args, cluster))?;
+    run_once(base, args, cluster, false, runtime)
 }
 
+fn check(args: &Args) -> anyhow::Result<()> {
+    if args.accounts < 2 || args.transfers == 0 {
+        bail!("need at least 2 accounts and 1 transfer");
+    }
+    Ok(())
+}
+
+/// Creates the topics and produces the records; returns how many are duplicates and how
+/// many are over the balance.
+async fn produce(base: &Config, args: &Args, cluster: &Cluster) -> anyhow::Result<(usize, usize)> {
+    let mut config = base.clone();
+    cluster.configure(&mut config);
+    config.kafka.partitions = args.partitions;
+    cluster.create_topics(&config).await?;
+    eprintln!(
+        "ledger bench: producing {} TransferAnalyzed records over {} accounts, {} partitions",
+        args.transfers, args.accounts, args.partitions
+    );
+    let mut backlog = Backlog {
+        rng: Rng(0x9e37_79b9_7f4a_7c15),
+        sent: Vec::with_capacity(args.transfers),
+        topic: config.kafka.topics.transfers_analyzed.clone(),
+        accounts: args.accounts,
+        duplicates: 0,
+        insufficient: 0,
+    };
+    produce_all(&cluster.bootstrap(), args.transfers, |_| Ok(backlog.next())).await?;
+    Ok((backlog.duplicates, backlog.insufficient))
+}
+
+/// The records of the scenario: about 1% copies of earlier ones, 2% over the balance.
+struct Backlog {
+    rng: Rng,
+    /// (key, payload) of every record so far.
+    sent: Vec<(String, String)>,
+    topic: String,
+    accounts: usize,
+    duplicates: usize,
+    insufficient: usize,
+}
+
+impl Backlog {
+    fn next(&mut self) -> Outgoing {
+        let (key, payload) = if !self.sent.is_empty() && self.rng.below(100) == 0 {
+            self.duplicates += 1;
+            self.sent[self.rng.below(self.sent.len())].clone()
+        } else {
+            let from = self.rng.below(self.accounts);
+            let mut to = self.rng.below(self.accounts);
+            if to == from {
+                to = (to + 1) % self.accounts;
+            }
+            let over = self.rng.below(50) == 0;
+            self.insufficient += usize::from(over);
+            let amount: i64 = if over { 10_000_000_000 } else { 1 + self.rng.below(1_000) as i64 };
+            let transfer_id = Uuid::new_v4();
+            let event = json!({
+                "eventId": tally_schema::derived_event_id("analyzed", transfer_id),
+                "transferId": transfer_id, "sourceAccount": account(from), "destinationAccount": account(to),
+                "amountCents": amount, "currency": "BRL", "score": 10, "analyzedAt": chrono::Utc::now(),
+            });
+            (account(from), event.to_string())
+        };
+        self.sent.push((key.clone(), payload.clone()));
+        Outgoing { topic: self.topic.clone(), key, payload, event_type: "TransferAnalyzed" }
+    }
+}
+
+/// One run of the ledger pipeline (the batched settler, or the baseline's) alone, over the
+/// records on `cluster`, on a fresh database.
 fn run_once(
     base: &Config,
     args: &Args,
-    broker: &Arc<EmbeddedBroker>,
+    cluster: &Cluster,
     baseline: bool,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<RunReport> {
     let label = if baseline { "baseline" } else { "tally" };
-    let url =
-        runtime.block_on(fresh_database(base, &format!("tally_bench_{}", label.replace('-', "_")), args.accounts))?;
+    let url = runtime.block_on(fresh_database(base, &format!("{}_{label}", args.database_prefix), args.accounts))?;
 
-    let mut config = base.clone();
-    config.database.url = SecretUrl::new(url);
+    let mut config = daemon_config(base, &url, cluster);
     config.database.pool_size = config.database.pool_size.max(16);
-    config.kafka.brokers = "embedded".into();
     config.kafka.partitions = args.partitions;
-    config.kafka.replication_factor = 1;
-    config.kafka.embedded_brokers = 1;
-    config.http.intake_addr = ([127, 0, 0, 1], 0).into();
-    config.http.admin_addr = ([127, 0, 0, 1], 0).into();
-    config.pipelines.outbox = false;
+    config.pipelines = Stage::Ledger.alone();
     config.ledger.group_id = format!("bench-{label}");
     config.log.format = LogFormat::Pretty;
     eprintln!("ledger bench: running {label} over {} records", args.transfers);
     let started = Instant::now();
     let parts = Parts { settler: baseline.then(|| Arc::new(OneByOne) as _), ..Parts::default() };
-    let daemon = crate::spawn_with(config, Some(Arc::clone(broker)), parts)?;
+    let daemon = crate::spawn_with(config, cluster.embedded(), parts)?;
     let metrics_url = format!("http://{}/metrics", daemon.admin_addr);
+    // The first completion happened after the last poll that saw none.
     let mut first: Option<Instant> = None;
-    let mut progress = Progress::new(Duration::from_secs(2));
+    let mut polled = Instant::now();
+    let mut progress = Progress::bar(&format!("ledger records settled ({label})"), args.transfers as u64);
     let deadline = Duration::from_secs(3_600);
     let text = loop {
+        let now = Instant::now();
         let text = runtime.block_on(http_get(&metrics_url))?;
         let done = metric_sum(&text, "tally_records_total", "pipeline=\"ledger\"");
         if done > 0.0 && first.is_none() {
-            first = Some(Instant::now());
+            // All of them between two polls: the span starts at the earlier poll.
+            first = Some(if done >= args.transfers as f64 { polled } else { now });
         }
+        polled = now;
         let rate = first.map_or(0.0, |f| done / f.elapsed().as_secs_f64().max(0.001));
-        progress.tick(|| format!("{label}: {done:.0}/{} records, {rate:.0}/s", args.transfers));
+        progress.update(done as u64, || format!("{rate:.0}/s since the first"));
         if done >= args.transfers as f64 {
+            progress.finish();
             break text;
         }
         if started.elapsed() > deadline {

@@ -3,17 +3,95 @@
 //! Figures are measured and reported, never asserted.
 
 pub mod baseline;
+pub mod cluster;
 pub mod e2e;
 pub mod hops;
 pub mod ledger;
 pub mod outbox;
 pub mod plot;
+pub mod scale;
+pub mod stages;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Serialize;
+
+use crate::config::SecretUrl;
+use crate::Config;
+use cluster::Cluster;
+
+/// The async runtime of a bench: two worker threads, as many as the machine class has cores.
+///
+/// # Errors
+/// When the runtime cannot be built.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("cannot start a runtime")
+}
+
+/// The configuration of a bench daemon: `base` on database `url` and `cluster` (one broker,
+/// replication 1), its listeners on free loopback ports.
+#[must_use]
+pub fn daemon_config(base: &Config, url: &str, cluster: &Cluster) -> Config {
+    let mut config = base.clone();
+    config.database.url = SecretUrl::new(url);
+    cluster.configure(&mut config);
+    config.http.intake_addr = ([127, 0, 0, 1], 0).into();
+    config.http.admin_addr = ([127, 0, 0, 1], 0).into();
+    config
+}
+
+/// One record to pre-produce.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub topic: String,
+    pub key: String,
+    pub payload: String,
+    /// The `event-type` header.
+    pub event_type: &'static str,
+}
+
+/// Produces `n` records, record `i` made by `record(i)`, in chunks of 20,000 awaited
+/// together (a bar of records produced on stderr).
+///
+/// # Errors
+/// When the producer cannot be created, `record` fails, or a delivery fails.
+pub async fn produce_all(
+    bootstrap: &str,
+    n: usize,
+    mut record: impl FnMut(usize) -> anyhow::Result<Outgoing>,
+) -> anyhow::Result<()> {
+    const CHUNK: usize = 20_000;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("compression.type", "lz4")
+        .create()?;
+    let mut progress = Progress::bar("records produced", n as u64);
+    for start in (0..n).step_by(CHUNK) {
+        let mut deliveries = Vec::with_capacity(CHUNK);
+        for i in start..(start + CHUNK).min(n) {
+            let out = record(i)?;
+            let headers = OwnedHeaders::new().insert(Header { key: "event-type", value: Some(out.event_type) });
+            let sent = FutureRecord::to(&out.topic).key(&out.key).payload(&out.payload).headers(headers);
+            deliveries.push(producer.send_result(sent).map_err(|(e, _)| e)?);
+        }
+        for d in deliveries {
+            d.await.context("delivery report lost")?.map_err(|(e, _)| e)?;
+        }
+        progress.update((start + CHUNK).min(n) as u64, String::new);
+    }
+    progress.finish();
+    Ok(())
+}
 
 /// Peak resident set size of this process so far (VmHWM), in MiB.
 #[must_use]
@@ -116,8 +194,8 @@ pub async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     Ok(client)
 }
 
-/// Polls `count_sql` (a `SELECT count(*)`) every 100 ms until it returns 0, with a
-/// progress line naming `what`.
+/// Polls `count_sql` (a `SELECT` of one bigint: what is left to do) every 100 ms until it
+/// is 0 or below, with a bar of `what` done out of `total` (default: the first count).
 ///
 /// # Errors
 /// When the query fails, or the count is not 0 after `limit`.
@@ -125,18 +203,25 @@ pub async fn wait_for_zero(
     client: &tokio_postgres::Client,
     count_sql: &str,
     what: &str,
+    total: Option<u64>,
     limit: Duration,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
-    let mut progress = Progress::new(Duration::from_secs(2));
+    let mut progress: Option<Progress> = None;
     loop {
         let left: i64 = client.query_one(count_sql, &[]).await?.get(0);
-        if left == 0 {
+        let remaining = u64::try_from(left).unwrap_or(0);
+        let bar = progress.get_or_insert_with(|| Progress::bar(what, total.unwrap_or(remaining)));
+        let all = bar.raise_total(remaining);
+        bar.update(all - remaining, || format!("{remaining} left"));
+        if left <= 0 {
+            if let Some(done) = progress.take() {
+                done.finish();
+            }
             return Ok(());
         }
-        progress.tick(|| format!("waiting for {left} {what}"));
         if started.elapsed() > limit {
-            anyhow::bail!("{left} {what} left after {limit:?}");
+            anyhow::bail!("{what}: {left} left after {limit:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -146,6 +231,15 @@ pub async fn wait_for_zero(
 #[must_use]
 pub fn account(i: usize) -> String {
     format!("ACC-{i:05}")
+}
+
+/// The source and destination accounts (indexes, distinct) of the bench's transfer `n` over
+/// `accounts` accounts (at least 2): spread over every account, the same for every run.
+#[must_use]
+pub fn pair(n: usize, accounts: usize) -> (usize, usize) {
+    let from = (n * 7_919) % accounts;
+    let to = (from + 1 + (n * 104_729) % (accounts - 1)) % accounts;
+    (from, to)
 }
 
 /// [`account`] in SQL, of an integer column `i`: the ids the bench creates in the database.
@@ -205,23 +299,84 @@ async fn create_accounts(url: &str, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints a progress line to stderr at most every `every`.
+/// How often a plain progress line is printed when stderr is not a terminal.
+const PLAIN_EVERY: Duration = Duration::from_secs(3);
+
+/// Progress of one bench phase on stderr. On a terminal, an indicatif bar where the total
+/// is known (records produced or processed of N, transfers finished of sent), else a
+/// spinner with a message. When stderr is not a terminal (CI, `make bench | tee`), a plain
+/// line every few seconds and one at the end instead.
 pub struct Progress {
-    last: Instant,
-    every: Duration,
+    bar: ProgressBar,
+    /// Plain lines instead of drawing: when the last one was printed (`None`: never).
+    plain: Option<Option<Instant>>,
 }
 
 impl Progress {
+    /// A bar of `total` steps named `what`.
     #[must_use]
-    pub fn new(every: Duration) -> Self {
-        Self { last: Instant::now() - every, every }
+    pub fn bar(what: &str, total: u64) -> Self {
+        Self::new(what, Some(total), "  {prefix} [{bar:30}] {human_pos}/{human_len} {msg} ({elapsed})")
     }
 
-    pub fn tick(&mut self, line: impl FnOnce() -> String) {
-        if self.last.elapsed() >= self.every {
-            self.last = Instant::now();
-            eprintln!("  {}", line());
+    /// A spinner named `what`, for a phase whose total is not known.
+    #[must_use]
+    pub fn spinner(what: &str) -> Self {
+        Self::new(what, None, "  {spinner} {prefix}: {msg} ({elapsed})")
+    }
+
+    fn new(what: &str, total: Option<u64>, template: &str) -> Self {
+        let terminal = std::io::stderr().is_terminal();
+        let target = if terminal { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+        let bar = ProgressBar::with_draw_target(total, target);
+        let style = ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style.progress_chars("=> "));
+        bar.set_prefix(what.to_owned());
+        if terminal && total.is_none() {
+            bar.enable_steady_tick(Duration::from_millis(120));
         }
+        Self { bar, plain: (!terminal).then_some(None) }
+    }
+
+    /// Raises the total to `at_least` (a backlog that grew); returns the total.
+    pub fn raise_total(&self, at_least: u64) -> u64 {
+        let total = self.bar.length().unwrap_or(0).max(at_least);
+        self.bar.set_length(total);
+        total
+    }
+
+    /// Moves to `done` and shows `message`.
+    pub fn update(&mut self, done: u64, message: impl FnOnce() -> String) {
+        match &mut self.plain {
+            None => {
+                self.bar.set_message(message());
+                self.bar.set_position(done);
+            }
+            Some(last) if last.is_none_or(|t| t.elapsed() >= PLAIN_EVERY) => {
+                *last = Some(Instant::now());
+                self.bar.set_position(done);
+                eprintln!("  {}", self.line(&message()));
+            }
+            Some(_) => self.bar.set_position(done),
+        }
+    }
+
+    /// Ends the phase: the bar stays drawn at its last state, or a last plain line.
+    pub fn finish(self) {
+        if self.plain.is_some() {
+            eprintln!("  {} (done in {:.1} s)", self.line(""), self.bar.elapsed().as_secs_f64());
+        } else {
+            self.bar.finish();
+        }
+    }
+
+    fn line(&self, message: &str) -> String {
+        let what = self.bar.prefix();
+        let line = match self.bar.length() {
+            Some(total) => format!("{what}: {}/{total} {message}", self.bar.position()),
+            None => format!("{what}: {message}"),
+        };
+        line.trim_end().to_owned()
     }
 }
 

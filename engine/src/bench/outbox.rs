@@ -10,17 +10,17 @@
 //!
 //! Only the outbox pipeline runs, so nothing else competes for the machine.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{account, connect as db, fresh_database, quantile, wait_for_zero, write_report};
+use super::cluster::{Cluster, ClusterKind};
+use super::stages::Stage;
+use super::{account, connect as db, daemon_config, fresh_database, quantile, wait_for_zero, write_report};
 use crate::app::Parts;
-use crate::broker::EmbeddedBroker;
-use crate::config::{Config, SecretUrl};
+use crate::config::Config;
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -58,7 +58,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     if args.rows == 0 || args.rate == 0 {
         bail!("need at least one row and a positive rate");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = super::runtime()?;
     let modes = [
         ("tally", base.outbox.batch_size, u64::try_from(base.outbox.poll_interval.as_millis())?, true),
         ("classic-relay", 100, 200, false),
@@ -103,9 +103,30 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
 }
 
 async fn wait_drained(client: &tokio_postgres::Client, label: &str) -> anyhow::Result<()> {
-    let what = format!("pending outbox rows ({label})");
-    let sql = "SELECT count(*) FROM outbox_events WHERE published_at IS NULL";
-    wait_for_zero(client, sql, &what, Duration::from_secs(1_800)).await
+    let what = format!("outbox rows published ({label})");
+    wait_for_zero(client, PENDING_SQL, &what, None, Duration::from_secs(1_800)).await
+}
+
+/// How many outbox rows are not published yet.
+pub(crate) const PENDING_SQL: &str = "SELECT count(*) FROM outbox_events WHERE published_at IS NULL";
+
+/// Inserts `rows` committed, unpublished outbox rows (`TransferRequested` to
+/// `transfers.requested`, 1,000 keys, 200-byte payloads) into the database at `url`.
+///
+/// # Errors
+/// When the database refuses.
+pub(crate) async fn insert_pending(url: &str, rows: usize) -> anyhow::Result<()> {
+    let rows = i32::try_from(rows)?;
+    db(url)
+        .await?
+        .execute(
+            "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+             SELECT gen_random_uuid(), 'transfers.requested', 'K-' || (i % 1000), 'TransferRequested', \
+                    repeat('x', 200) FROM generate_series(1, $1) AS i",
+            &[&rows],
+        )
+        .await?;
+    Ok(())
 }
 
 /// One mode of the bench, both phases (drain, then latency at a fixed rate). Over 80
@@ -121,31 +142,10 @@ fn run_mode(
 ) -> anyhow::Result<ModeReport> {
     let url =
         runtime.block_on(fresh_database(base, &format!("tally_bench_outbox_{}", label.replace('-', "_")), 100))?;
-    let rows = i32::try_from(args.rows)?;
-    runtime.block_on(async {
-        db(&url)
-            .await?
-            .execute(
-                "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
-                 SELECT gen_random_uuid(), 'transfers.requested', 'K-' || (i % 1000), 'TransferRequested', \
-                        repeat('x', 200) FROM generate_series(1, $1) AS i",
-                &[&rows],
-            )
-            .await?;
-        anyhow::Ok(())
-    })?;
-    let mut config = base.clone();
-    config.database.url = SecretUrl::new(url.clone());
-    config.kafka.brokers = "embedded".into();
-    config.kafka.embedded_brokers = 1;
-    config.kafka.replication_factor = 1;
-    config.http.intake_addr = ([127, 0, 0, 1], 0).into();
-    config.http.admin_addr = ([127, 0, 0, 1], 0).into();
-    config.pipelines.ledger = false;
-    config.pipelines.antifraud = false;
-    config.pipelines.projection = false;
-    config.pipelines.orders = false;
-    config.pipelines.notifications = false;
+    runtime.block_on(insert_pending(&url, args.rows))?;
+    let cluster = Cluster::start(ClusterKind::Embedded)?;
+    let mut config = daemon_config(base, &url, &cluster);
+    config.pipelines = Stage::Outbox.alone();
     config.outbox.batch_size = batch;
     config.outbox.poll_interval = std::time::Duration::from_millis(poll);
     config.outbox.listen = listen;
@@ -153,7 +153,7 @@ fn run_mode(
     config.outbox.concurrency = if listen { base.outbox.concurrency } else { 1 };
     eprintln!("outbox bench ({label}): draining {} rows", args.rows);
     let parts = Parts { outbox_one_batch_per_poll: !listen, ..Parts::default() };
-    let daemon = crate::spawn_with(config, Some(Arc::new(EmbeddedBroker::start(1)?)), parts)?;
+    let daemon = crate::spawn_with(config, cluster.embedded(), parts)?;
     let drain_rate = runtime.block_on(async {
         let client = db(&url).await?;
         wait_drained(&client, label).await?;

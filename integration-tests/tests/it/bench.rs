@@ -1,10 +1,13 @@
 //! The bench's own SQL against PostgreSQL: the account ids it writes in SQL are the ids its
 //! clients use, at every size (a million accounts included); the per-hop breakdown reads
-//! the stages' times right.
+//! the stages' times right; `tally bench stages` runs every stage and reports each.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
-use tally_engine::bench::{account, ACCOUNT_ID_SQL};
-use tally_integration_tests::TestDb;
+use tally_engine::bench::cluster::ClusterKind;
+use tally_engine::bench::{account, stages, ACCOUNT_ID_SQL};
+use tally_engine::config::SecretUrl;
+use tally_engine::Config;
+use tally_integration_tests::{TestDb, DEFAULT_DATABASE_URL};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn account_ids_in_sql_match_the_clients_ids_past_five_digits() {
@@ -58,4 +61,61 @@ async fn the_hop_breakdown_reads_each_stages_time() {
             ("publish -> final status", 2, Some(200.0), Some(400.0)),
         ]
     );
+}
+
+/// Every stage alone, e2e and e2e in the seed configuration, at tiny sizes on the embedded
+/// broker (librdkafka's mock cluster): each is in the report with records done and a rate.
+/// Timings are never asserted.
+#[test]
+fn the_stages_bench_reports_every_stage() {
+    let server = std::env::var("TALLY_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+    let mut base = Config::default();
+    base.database.url = SecretUrl::new(server.clone());
+    base.database.pool_size = 4;
+    base.http.workers = 1;
+    let prefix = format!("tally_test_stages_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let args = stages::Args {
+        records: 40,
+        e2e_transfers: 30,
+        seed_transfers: 10,
+        seconds: 20,
+        clients: 4,
+        accounts: 50,
+        partitions: 2,
+        broker: ClusterKind::Embedded,
+        database_prefix: prefix.clone(),
+    };
+    let measured = stages::measure(&base, &args);
+    drop_databases(&server, &prefix);
+    let report = serde_json::to_value(measured.expect("the stages bench runs")).expect("the report is JSON");
+    let rows = report["stages"].as_array().expect("a list of stages");
+    let names: Vec<&str> = rows.iter().map(|r| r["stage"].as_str().unwrap_or("?")).collect();
+    assert_eq!(
+        names,
+        ["outbox drain", "antifraud", "ledger", "projection", "notifications", "e2e", "e2e, seed configuration"]
+    );
+    for row in rows {
+        let records = row["records"].as_u64().unwrap_or(0);
+        let rate = row["recordsPerSecond"].as_f64().unwrap_or(0.0);
+        assert!(records > 0 && rate > 0.0, "{row}");
+    }
+    assert!(report["ratios"]["e2eOverSeed"].is_number(), "{}", report["ratios"]);
+}
+
+/// Drops the databases the bench made (`<prefix>_*`).
+fn drop_databases(server: &str, prefix: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    runtime.block_on(async {
+        let (admin, connection) = tokio_postgres::connect(server, tokio_postgres::NoTls).await.expect("PostgreSQL");
+        let driver = tokio::spawn(connection);
+        let pattern = format!("{prefix}\\_%");
+        let rows =
+            admin.query("SELECT datname FROM pg_database WHERE datname LIKE $1", &[&pattern]).await.expect("list");
+        for row in rows {
+            let name: String = row.get(0);
+            admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await.expect("drop");
+        }
+        drop(admin);
+        let _ = driver.await;
+    });
 }

@@ -1,0 +1,638 @@
+//! `tally bench stages`: every stage alone on input that is in place before it starts, then
+//! the whole flow, then the whole flow in the seed configuration, in one run, and the
+//! ratios between them.
+//!
+//! Each stage alone runs on a fresh database ([`fresh_database`]) and a fresh cluster
+//! ([`Cluster`]), in a daemon that runs only that pipeline ([`Stage::alone`]), over
+//! `--records` inputs (N):
+//!
+//! | stage | input | done when |
+//! |---|---|---|
+//! | outbox drain | N committed, unpublished outbox rows | every row has `published_at` |
+//! | antifraud | N `TransferRequested` records on `transfers.requested` | N rows in `antifraud_decisions` |
+//! | ledger | N `TransferAnalyzed` records, as [`super::ledger`] makes them | N records completed |
+//! | projection | N PENDING transfers, a `TransferSettled` (9 in 10) or `TransferRejected` record each | none PENDING |
+//! | notifications | N `TransferSettled` records; a local receiver answering 200 | N rows in `notification_deliveries` |
+//!
+//! records/s is the steady rate from the completion times the stage writes in its table
+//! (`published_at`, `decided_at`, the final `updated_at`, `delivered_at`; PostgreSQL's
+//! clock): the records completed after the first completion over first -> last. So the
+//! daemon's start and the group join are left out, and so is the first batch (its records
+//! share the first time), which a start time could not be taken for without counting the
+//! start-up. `decided_at` is taken before antifraud's Kafka transaction commits, so each
+//! interval holds one whole cycle (decide, produce, commit, poll). A run whose records all
+//! completed at one time (a tiny N in one batch) falls back to N over daemon start -> last.
+//! The ledger's figure is [`super::ledger`]'s (first completion to last, from the daemon's
+//! metrics polled every 200 ms).
+//!
+//! p50/p99 of a stage alone are its handler time per record (dispatch to completion,
+//! retries included), estimated from the `tally_handler_seconds` histogram, where the
+//! pipeline measures it (ledger, projection, notifications; `-` for the outbox and
+//! antifraud). Record produced -> stage done is not reported: with the whole backlog in
+//! place before the daemon starts, it is the record's place in the queue over the rate
+//! plus the start-up, a queueing figure, not the stage's latency.
+//!
+//! The two end-to-end runs are [`super::e2e`]'s open loop (`--clients` clients POST
+//! /transfers as fast as they are answered), bounded to `--e2e-transfers` and
+//! `--seed-transfers` transfers (and `--seconds` of sending), each on a fresh database and
+//! cluster with every pipeline: sustained transfers/s (final transfers over first creation
+//! to last final status), POST -> final status p50/p99 (in an open loop this includes the
+//! queue the burst builds up) and the per-hop breakdown ([`super::hops`]). The seed
+//! configuration is the same daemon with configuration overrides only
+//! ([`seed_configuration`]); the outbox's one-batch-per-poll relay of `tally bench outbox`
+//! is not part of it.
+//!
+//! The ratios are reported, never asserted: e2e sustained over the slowest stage alone
+//! among those a transfer passes to its final status (notifications are a side branch the
+//! e2e runs do not start: they have no webhook) (target >= 0.5), e2e over the seed
+//! configuration's e2e (target >= 10), and the e2e's slowest hop at p50.
+//!
+//! With `--broker noida` every run has a fresh noida-db process instead of the embedded
+//! broker ([`super::cluster`]): real transactions, so antifraud's `read_committed` reads
+//! and transactional offsets cost what they cost on a real cluster.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use actix_web::{web, App, HttpResponse, HttpServer};
+use anyhow::{bail, Context};
+use chrono::Utc;
+use serde::Serialize;
+use tally_schema::events::{TransferRejected, TransferRequested, TransferSettled};
+use tally_schema::{derived_event_id, EventType};
+use uuid::Uuid;
+
+use super::cluster::{Cluster, ClusterKind};
+use super::e2e::{Load, Phase, Target};
+use super::{
+    account, connect, daemon_config, fresh_database, histogram_quantile, hops, http_get, ledger, outbox, pair,
+    peak_rss_mib, produce_all, wait_for_zero, write_report, Outgoing, ACCOUNT_ID_SQL,
+};
+use crate::config::{Config, PipelinesConfig, Secret};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Args {
+    /// Input records of each stage alone.
+    pub records: usize,
+    /// Transfers of the end-to-end run.
+    pub e2e_transfers: usize,
+    /// Transfers of the end-to-end run in the seed configuration.
+    pub seed_transfers: usize,
+    /// Longest sending time of each end-to-end run.
+    pub seconds: u64,
+    /// Concurrent clients of the end-to-end runs.
+    pub clients: usize,
+    pub accounts: usize,
+    pub partitions: i32,
+    pub broker: ClusterKind,
+    /// Every run's database is `<prefix>_<run>`.
+    pub database_prefix: String,
+}
+
+/// A pipeline the bench runs alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Outbox,
+    Antifraud,
+    Ledger,
+    Projection,
+    Notifications,
+}
+
+impl Stage {
+    /// Every stage, in the order of a transfer's life.
+    pub const ALL: [Self; 5] = [Self::Outbox, Self::Antifraud, Self::Ledger, Self::Projection, Self::Notifications];
+
+    /// The pipeline's name (its metrics label).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Outbox => "outbox",
+            Self::Antifraud => "antifraud",
+            Self::Ledger => "ledger",
+            Self::Projection => "projection",
+            Self::Notifications => "notifications",
+        }
+    }
+
+    /// Whether a transfer passes this stage on its way to its final status (the e2e runs).
+    #[must_use]
+    pub fn on_transfer_path(self) -> bool {
+        self != Self::Notifications
+    }
+
+    /// The pipeline switches that run this stage and nothing else.
+    #[must_use]
+    pub fn alone(self) -> PipelinesConfig {
+        PipelinesConfig {
+            outbox: self == Self::Outbox,
+            ledger: self == Self::Ledger,
+            antifraud: self == Self::Antifraud,
+            projection: self == Self::Projection,
+            orders: false,
+            notifications: self == Self::Notifications,
+        }
+    }
+}
+
+/// The seed configuration: the classic settings every stage started from (the outbox
+/// polled every 200 ms in batches of 100 by one loop without LISTEN, one transfer per
+/// ledger transaction and one at a time, one record per antifraud transaction).
+pub fn seed_configuration(config: &mut Config) {
+    config.outbox.batch_size = 100;
+    config.outbox.poll_interval = Duration::from_millis(200);
+    config.outbox.listen = false;
+    config.outbox.concurrency = 1;
+    config.ledger.batch_size = 1;
+    config.ledger.max_concurrent_batches = 1;
+    config.antifraud.batch_max_records = 1;
+}
+
+/// One row of the table: a stage alone or an end-to-end run.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StageReport {
+    pub stage: String,
+    pub records: u64,
+    pub records_per_second: f64,
+    /// The span `records_per_second` is measured over.
+    pub seconds: f64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    /// What p50 and p99 measure.
+    pub latency: &'static str,
+}
+
+/// The ratios of one run; targets are reported beside them, never asserted.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ratios {
+    /// The slowest stage alone among those on a transfer's path to its final status.
+    pub slowest_stage: String,
+    pub slowest_stage_per_second: f64,
+    /// e2e sustained / the slowest stage alone.
+    pub e2e_over_slowest_stage: Option<f64>,
+    pub e2e_over_slowest_stage_target: f64,
+    /// e2e sustained / seed configuration's e2e sustained.
+    pub e2e_over_seed: Option<f64>,
+    pub e2e_over_seed_target: f64,
+    /// The e2e hop with the highest p50.
+    pub slowest_hop: Option<String>,
+    pub slowest_hop_p50_ms: Option<f64>,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub scenario: &'static str,
+    pub broker: ClusterKind,
+    pub records: usize,
+    /// The stages alone, then e2e, then e2e in the seed configuration.
+    pub stages: Vec<StageReport>,
+    pub e2e: Phase,
+    pub seed_e2e: Phase,
+    pub ratios: Ratios,
+    pub peak_rss_mib: Option<f64>,
+}
+
+const HANDLER: &str = "handler time per record (dispatch -> done)";
+const POST_TO_FINAL: &str = "POST -> final status";
+const NONE: &str = "not measured per record";
+
+/// Runs the scenario: the table on stdout, the JSON under `target/bench/`.
+///
+/// # Errors
+/// As [`measure`], or when the report cannot be written.
+pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
+    let report = measure(base, args)?;
+    print_table(&report);
+    let path = write_report("stages", &report)?;
+    println!("JSON: {}", path.display());
+    Ok(())
+}
+
+/// Runs every stage alone, then both end-to-end runs, and returns what they measured.
+///
+/// # Errors
+/// When the database, a cluster or a daemon fail, or a run does not finish.
+pub fn measure(base: &Config, args: &Args) -> anyhow::Result<Report> {
+    if args.records == 0 || args.e2e_transfers == 0 || args.seed_transfers == 0 || args.clients == 0 {
+        bail!("need at least one record, one transfer per end-to-end run and one client");
+    }
+    if args.accounts < 2 {
+        bail!("need at least 2 accounts");
+    }
+    let runtime = super::runtime()?;
+    let mut stages = Vec::new();
+    for stage in Stage::ALL {
+        eprintln!("stages bench: {} alone over {} records ({} broker)", stage.name(), args.records, args.broker.name());
+        stages.push(alone(base, args, &runtime, stage)?);
+    }
+    let e2e = end_to_end(base, args, &runtime, false)?;
+    let seed_e2e = end_to_end(base, args, &runtime, true)?;
+    stages.push(phase_row("e2e", &e2e));
+    stages.push(phase_row("e2e, seed configuration", &seed_e2e));
+    let path: Vec<&StageReport> =
+        Stage::ALL.iter().zip(&stages).filter(|(stage, _)| stage.on_transfer_path()).map(|(_, r)| r).collect();
+    let ratios = ratios(&path, &e2e, &seed_e2e);
+    Ok(Report {
+        scenario: "stages",
+        broker: args.broker,
+        records: args.records,
+        stages,
+        e2e,
+        seed_e2e,
+        ratios,
+        peak_rss_mib: peak_rss_mib(),
+    })
+}
+
+fn alone(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime, stage: Stage) -> anyhow::Result<StageReport> {
+    match stage {
+        Stage::Outbox => outbox_drain(base, args, runtime),
+        Stage::Antifraud => antifraud(base, args, runtime),
+        Stage::Ledger => ledger_alone(base, args, runtime),
+        Stage::Projection => projection(base, args, runtime),
+        Stage::Notifications => notifications(base, args, runtime),
+    }
+}
+
+/// A stage's fresh database and cluster (its topics created) and the configuration of a
+/// daemon that runs only that stage.
+struct Bed {
+    stage: Stage,
+    url: String,
+    cluster: Cluster,
+    config: Config,
+}
+
+fn bed(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime, stage: Stage) -> anyhow::Result<Bed> {
+    let name = format!("{}_{}", args.database_prefix, stage.name());
+    let url = runtime.block_on(fresh_database(base, &name, args.accounts))?;
+    let cluster = Cluster::start(args.broker)?;
+    let mut config = daemon_config(base, &url, &cluster);
+    config.kafka.partitions = args.partitions;
+    config.pipelines = stage.alone();
+    runtime.block_on(cluster.create_topics(&config)).context("cannot create the topics")?;
+    Ok(Bed { stage, url, cluster, config })
+}
+
+/// What counts as done for a stage: `left` counts what is not done yet; `column` of the
+/// rows of `table` that match `rows` is each record's completion time.
+struct Done {
+    what: &'static str,
+    left: String,
+    table: &'static str,
+    column: &'static str,
+    rows: &'static str,
+}
+
+impl Done {
+    /// The first and last completion (epoch seconds), and how many completed at the first.
+    fn span_sql(&self) -> String {
+        let Self { table, column, rows, .. } = self;
+        format!(
+            "SELECT EXTRACT(EPOCH FROM s.first)::float8, EXTRACT(EPOCH FROM s.last)::float8, \
+                    (SELECT count(*) FROM {table} WHERE {column} = s.first AND {rows}) \
+             FROM (SELECT min({column}) AS first, max({column}) AS last FROM {table} WHERE {rows}) AS s"
+        )
+    }
+}
+
+fn outbox_drain(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StageReport> {
+    let bed = bed(base, args, runtime, Stage::Outbox)?;
+    runtime.block_on(outbox::insert_pending(&bed.url, args.records))?;
+    let done = Done {
+        what: "outbox rows published",
+        left: outbox::PENDING_SQL.into(),
+        table: "outbox_events",
+        column: "published_at",
+        rows: "true",
+    };
+    run_alone(&bed, runtime, args.records, &done, "outbox drain")
+}
+
+fn antifraud(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StageReport> {
+    let bed = bed(base, args, runtime, Stage::Antifraud)?;
+    let topic = bed.config.kafka.topics.transfers_requested.clone();
+    runtime.block_on(produce_all(&bed.cluster.bootstrap(), args.records, |i| {
+        let (from, to) = pair(i, args.accounts);
+        let transfer_id = Uuid::new_v4();
+        let event = TransferRequested {
+            event_id: derived_event_id("requested", transfer_id),
+            transfer_id,
+            source_account: account(from),
+            destination_account: account(to),
+            amount_cents: 1 + (i % 1_000) as i64,
+            currency: "BRL".into(),
+            requested_at: Utc::now(),
+        };
+        outgoing(&topic, event.source_account.clone(), &event, EventType::TransferRequested)
+    }))?;
+    let done = Done {
+        what: "antifraud decisions",
+        left: format!("SELECT {} - count(*) FROM antifraud_decisions", args.records),
+        table: "antifraud_decisions",
+        column: "decided_at",
+        rows: "true",
+    };
+    run_alone(&bed, runtime, args.records, &done, "antifraud")
+}
+
+fn ledger_alone(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StageReport> {
+    let cluster = Cluster::start(args.broker)?;
+    let ledger_args = ledger::Args {
+        transfers: args.records,
+        accounts: args.accounts,
+        partitions: args.partitions,
+        baseline: false,
+        database_prefix: format!("{}_ledger", args.database_prefix),
+    };
+    let run = ledger::alone(base, &ledger_args, &cluster, runtime)?;
+    Ok(StageReport {
+        stage: "ledger".into(),
+        records: args.records as u64,
+        records_per_second: run.records_per_second,
+        seconds: run.seconds,
+        p50_ms: run.latency_p50_ms,
+        p99_ms: run.latency_p99_ms,
+        latency: HANDLER,
+    })
+}
+
+fn projection(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StageReport> {
+    let bed = bed(base, args, runtime, Stage::Projection)?;
+    let pending = runtime.block_on(pending_transfers(&bed.url, args.records, args.accounts))?;
+    let topics = &bed.config.kafka.topics;
+    runtime.block_on(produce_all(&bed.cluster.bootstrap(), pending.len(), |i| {
+        let (transfer_id, source) = &pending[i];
+        let transfer_id = *transfer_id;
+        if i % 10 == 9 {
+            let event = TransferRejected {
+                event_id: derived_event_id("rejected", transfer_id),
+                transfer_id,
+                reason: "INSUFFICIENT_FUNDS".into(),
+                rejected_at: Utc::now(),
+            };
+            outgoing(&topics.transfers_rejected, source.clone(), &event, EventType::TransferRejected)
+        } else {
+            let event = settled(transfer_id);
+            outgoing(&topics.transfers_settled, source.clone(), &event, EventType::TransferSettled)
+        }
+    }))?;
+    let done = Done {
+        what: "transfers projected",
+        left: "SELECT count(*) FROM transfers WHERE status = 'PENDING'".into(),
+        table: "transfers",
+        column: "updated_at",
+        rows: "status <> 'PENDING'",
+    };
+    run_alone(&bed, runtime, args.records, &done, "projection")
+}
+
+fn notifications(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StageReport> {
+    let mut bed = bed(base, args, runtime, Stage::Notifications)?;
+    let receiver = Receiver::start()?;
+    bed.config.notifications.webhook_url = receiver.url.clone();
+    bed.config.notifications.webhook_secret = Secret::new("bench");
+    let topic = bed.config.kafka.topics.transfers_settled.clone();
+    runtime.block_on(produce_all(&bed.cluster.bootstrap(), args.records, |i| {
+        outgoing(&topic, account(i % args.accounts), &settled(Uuid::new_v4()), EventType::TransferSettled)
+    }))?;
+    let done = Done {
+        what: "notifications delivered",
+        left: format!("SELECT {} - count(*) FROM notification_deliveries", args.records),
+        table: "notification_deliveries",
+        column: "delivered_at",
+        rows: "true",
+    };
+    run_alone(&bed, runtime, args.records, &done, "notifications")
+}
+
+fn settled(transfer_id: Uuid) -> TransferSettled {
+    TransferSettled { event_id: derived_event_id("settled", transfer_id), transfer_id, settled_at: Utc::now() }
+}
+
+fn outgoing(topic: &str, key: String, event: &impl Serialize, kind: EventType) -> anyhow::Result<Outgoing> {
+    Ok(Outgoing { topic: topic.to_owned(), key, payload: serde_json::to_string(event)?, event_type: kind.as_str() })
+}
+
+/// Inserts `n` PENDING transfers over `accounts` accounts; returns their ids and source
+/// accounts.
+async fn pending_transfers(url: &str, n: usize, accounts: usize) -> anyhow::Result<Vec<(Uuid, String)>> {
+    let (n, accounts) = (i32::try_from(n)?, i32::try_from(accounts)?);
+    let sql = format!(
+        "INSERT INTO transfers (id, source_account, destination_account, amount_cents, currency, status) \
+         SELECT gen_random_uuid(), {ACCOUNT_ID_SQL}, \
+                (SELECT {ACCOUNT_ID_SQL} FROM (SELECT (s.i + 1) % $2 AS i) AS d), 1 + g % 1000, 'BRL', 'PENDING' \
+         FROM (SELECT g, g % $2 AS i FROM generate_series(0, $1 - 1) AS g) AS s \
+         RETURNING id::text, source_account"
+    );
+    let rows = connect(url).await?.query(&sql, &[&n, &accounts]).await?;
+    rows.iter().map(|r| Ok((r.get::<_, String>(0).parse()?, r.get(1)))).collect()
+}
+
+/// Starts the bed's daemon over `n` inputs already in place, waits until the stage is
+/// done, and measures it.
+fn run_alone(
+    bed: &Bed,
+    runtime: &tokio::runtime::Runtime,
+    n: usize,
+    done: &Done,
+    title: &str,
+) -> anyhow::Result<StageReport> {
+    let started = epoch_now();
+    let daemon = crate::spawn(bed.config.clone(), bed.cluster.embedded())?;
+    let watched = runtime.block_on(watch(bed, daemon.admin_addr, n, done));
+    daemon.stop();
+    let (span, metrics) = watched?;
+    let (records_per_second, seconds) = span.rate(n, started);
+    let filter = format!("pipeline=\"{}\"", bed.stage.name());
+    let ms = |q| histogram_quantile(&metrics, "tally_handler_seconds", &filter, q).map(|s| s * 1000.0);
+    let (p50_ms, p99_ms) = (ms(0.5), ms(0.99));
+    Ok(StageReport {
+        stage: title.into(),
+        records: n as u64,
+        records_per_second,
+        seconds,
+        p50_ms,
+        p99_ms,
+        latency: if p50_ms.is_some() { HANDLER } else { NONE },
+    })
+}
+
+fn epoch_now() -> f64 {
+    Utc::now().timestamp_micros() as f64 / 1e6
+}
+
+/// When a stage's records completed, from its table (epoch seconds).
+struct Span {
+    first: f64,
+    last: f64,
+    /// Records that completed at `first` (a batch shares its time).
+    at_first: i64,
+}
+
+impl Span {
+    /// Records per second and the seconds it is measured over: the records after the first
+    /// completion over first -> last; when everything completed at once, every record over
+    /// `started` (before the daemon started) -> last.
+    fn rate(&self, n: usize, started: f64) -> (f64, f64) {
+        let after_first = n.saturating_sub(usize::try_from(self.at_first).unwrap_or(0));
+        let span = self.last - self.first;
+        if span > 0.0 && after_first > 0 {
+            (after_first as f64 / span, span)
+        } else {
+            let seconds = (self.last - started).max(0.001);
+            (n as f64 / seconds, seconds)
+        }
+    }
+}
+
+/// Waits for the stage to finish; returns its [`Span`] and the daemon's metrics.
+async fn watch(bed: &Bed, admin: SocketAddr, n: usize, done: &Done) -> anyhow::Result<(Span, String)> {
+    let client = connect(&bed.url).await?;
+    wait_for_zero(&client, &done.left, done.what, Some(n as u64), Duration::from_secs(1_800)).await?;
+    let row = client.query_one(&done.span_sql(), &[]).await?;
+    let metrics = http_get(&format!("http://{admin}/metrics")).await?;
+    Ok((Span { first: row.get(0), last: row.get(1), at_first: row.get(2) }, metrics))
+}
+
+/// The whole flow through [`super::e2e`]'s open loop, on a fresh database and cluster, in
+/// the default or the seed configuration.
+fn end_to_end(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime, seed: bool) -> anyhow::Result<Phase> {
+    let name = format!("{}_{}", args.database_prefix, if seed { "e2e_seed" } else { "e2e" });
+    let url = runtime.block_on(fresh_database(base, &name, args.accounts))?;
+    let cluster = Cluster::start(args.broker)?;
+    let mut config = daemon_config(base, &url, &cluster);
+    config.kafka.partitions = args.partitions;
+    if seed {
+        seed_configuration(&mut config);
+    }
+    eprintln!("stages bench: end to end{}", if seed { " in the seed configuration" } else { "" });
+    let target = Target::start(config, &cluster, args.clients, args.accounts, runtime)?;
+    let limit = if seed { args.seed_transfers } else { args.e2e_transfers };
+    let load = Load { rate: None, seconds: args.seconds, clients: args.clients, limit: Some(limit) };
+    let phase = runtime.block_on(target.load(&load));
+    target.daemon.stop();
+    phase
+}
+
+fn phase_row(title: &str, phase: &Phase) -> StageReport {
+    let finished = u64::try_from(phase.finished).unwrap_or(0);
+    StageReport {
+        stage: title.into(),
+        records: finished,
+        records_per_second: phase.sustained_per_second,
+        seconds: if phase.sustained_per_second > 0.0 { finished as f64 / phase.sustained_per_second } else { 0.0 },
+        p50_ms: phase.final_p50_ms,
+        p99_ms: phase.final_p99_ms,
+        latency: POST_TO_FINAL,
+    }
+}
+
+fn ratios(alone: &[&StageReport], e2e: &Phase, seed: &Phase) -> Ratios {
+    let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+    let slowest = alone.iter().min_by(|a, b| a.records_per_second.total_cmp(&b.records_per_second));
+    let (slowest_stage, slowest_rate) =
+        slowest.map_or((String::new(), 0.0), |s| (s.stage.clone(), s.records_per_second));
+    let hop = e2e
+        .hops
+        .iter()
+        .filter(|h| h.p50_ms.is_some())
+        .max_by(|a, b| a.p50_ms.unwrap_or_default().total_cmp(&b.p50_ms.unwrap_or_default()));
+    Ratios {
+        slowest_stage,
+        slowest_stage_per_second: slowest_rate,
+        e2e_over_slowest_stage: ratio(e2e.sustained_per_second, slowest_rate),
+        e2e_over_slowest_stage_target: 0.5,
+        e2e_over_seed: ratio(e2e.sustained_per_second, seed.sustained_per_second),
+        e2e_over_seed_target: 10.0,
+        slowest_hop: hop.map(|h| h.name.to_owned()),
+        slowest_hop_p50_ms: hop.and_then(|h| h.p50_ms),
+    }
+}
+
+fn print_table(r: &Report) {
+    let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    println!();
+    println!("stages bench: {} records per stage alone, {} broker", r.records, r.broker.name());
+    println!("{:<24} {:>9} {:>11} {:>9} {:>9}  p50/p99 of", "stage", "records", "records/s", "p50 ms", "p99 ms");
+    for s in &r.stages {
+        println!(
+            "{:<24} {:>9} {:>11.0} {:>9} {:>9}  {}",
+            s.stage,
+            s.records,
+            s.records_per_second,
+            opt(s.p50_ms),
+            opt(s.p99_ms),
+            s.latency
+        );
+    }
+    for (title, phase) in [("e2e", &r.e2e), ("e2e, seed configuration", &r.seed_e2e)] {
+        println!("hops, {title}:");
+        for line in hops::lines(&phase.hops) {
+            println!("{line}");
+        }
+    }
+    let x = r.ratios.clone();
+    println!(
+        "e2e / slowest stage alone ({}, {:.0}/s): {} (target >= {})",
+        x.slowest_stage,
+        x.slowest_stage_per_second,
+        opt(x.e2e_over_slowest_stage),
+        x.e2e_over_slowest_stage_target
+    );
+    println!("e2e / seed e2e: {}x (target >= {}x)", opt(x.e2e_over_seed), x.e2e_over_seed_target);
+    println!("slowest hop at p50 (e2e): {} {} ms", x.slowest_hop.as_deref().unwrap_or("-"), opt(x.slowest_hop_p50_ms));
+}
+
+/// A webhook receiver on 127.0.0.1 that answers 200 to every request, served by actix-web
+/// on a thread (and actix system) of its own; stopped on drop.
+struct Receiver {
+    url: String,
+    server: actix_web::dev::ServerHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Receiver {
+    fn start() -> anyhow::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new().name("bench-webhook".into()).spawn(move || {
+            let system = actix_web::rt::System::new();
+            let started = system.block_on(async {
+                let server = HttpServer::new(|| {
+                    App::new().default_service(web::to(|_body: web::Bytes| async { HttpResponse::Ok().finish() }))
+                })
+                .workers(1)
+                .disable_signals()
+                .bind(("127.0.0.1", 0))?;
+                let addr = server.addrs().first().copied().context("the webhook receiver bound no address")?;
+                anyhow::Ok((addr, server.run()))
+            });
+            match started {
+                Ok((addr, server)) => {
+                    let _ = tx.send(Ok((addr, server.handle())));
+                    let _ = system.block_on(server);
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            }
+        })?;
+        let (addr, server) = rx.recv().context("the webhook receiver ended before it started")??;
+        Ok(Self { url: format!("http://{addr}/hook"), server, thread: Some(thread) })
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // The stop command is sent when `stop` is called; its future only waits for it.
+        drop(self.server.stop(false));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
