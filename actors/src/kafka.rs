@@ -85,7 +85,8 @@ impl KafkaClients {
             .set("queued.min.messages", "10000")
             .set("fetch.queue.backoff.ms", "5")
             // librdkafka waits up to 500 ms for an empty fetch by default; the mock broker
-            // does not answer early when data arrives, which adds that wait per hop.
+            // does not answer early when data arrives, which adds that wait per hop (the
+            // engine lowers it further on its embedded broker).
             .set("fetch.wait.max.ms", "25")
             // Incremental cooperative rebalancing (KIP-429): a rebalance revokes only the
             // partitions that change owner; the others are not drained or re-fetched, and
@@ -129,7 +130,11 @@ impl KafkaClients {
     /// `timeout` is aborted by the coordinator.
     #[must_use]
     pub fn transactional_producer(&self, client_id: &str, transactional_id: &str, timeout: Duration) -> ClientConfig {
-        let mut c = Self::layer(self.producer_defaults(client_id), &self.producer);
+        let mut defaults = self.producer_defaults(client_id);
+        // A transaction's records are produced in one burst, then committed at once:
+        // lingering would only hold the commit back.
+        defaults.set("linger.ms", "0");
+        let mut c = Self::layer(defaults, &self.producer);
         c.set("transactional.id", transactional_id)
             .set("enable.idempotence", "true")
             .set("transaction.timeout.ms", timeout.as_millis().to_string());
@@ -193,6 +198,11 @@ mod tests {
         let t = clients().transactional_producer("tally-antifraud", "tid", Duration::from_secs(10));
         assert_eq!((t.get("transactional.id"), t.get("transaction.timeout.ms")), (Some("tid"), Some("10000")));
         assert_eq!(t.get("enable.idempotence"), Some("true"), "transactions need it, whatever the operator says");
+        assert_eq!(t.get("linger.ms"), Some("7"), "the operator's word");
+        let plain = KafkaClients::new("b:9092", BTreeMap::new(), BTreeMap::new());
+        let t = plain.transactional_producer("tally-antifraud", "tid", Duration::from_secs(10));
+        assert_eq!(t.get("linger.ms"), Some("0"), "nothing lingers before a commit");
+        assert_eq!(plain.producer("tally-outbox", Duration::from_secs(30)).get("linger.ms"), Some("5"));
         let r = clients().reader("tally-dlt-admin", None);
         assert_eq!((r.get("group.id"), r.get("enable.auto.commit")), (Some("tally-dlt-admin"), Some("false")));
     }

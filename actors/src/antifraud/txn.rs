@@ -188,8 +188,9 @@ pub(super) fn finish(
 /// a queue this producer's own thread serves: every commit with a record in flight (one
 /// produced within `linger.ms`, i.e. nearly always) took 100 ms. Checked here every
 /// millisecond instead, its flush finds nothing left. Returns what is left of `limit` (at
-/// least 1 ms) for the commit call, so that the call as a whole still blocks at most
-/// `limit`; a flush that outlasts it fails the commit as retriable, as before.
+/// least 1 ms) for the commit call, which gives it to its flush and then to librdkafka's
+/// commit: the wait adds nothing to how long a commit step may block. A flush or commit
+/// that outlasts its time fails as retriable and is resumed, as before.
 fn await_deliveries(producer: &TxnProducer, limit: Duration) -> Duration {
     let deadline = Instant::now() + limit;
     while producer.in_flight_count() > 0 && Instant::now() < deadline {

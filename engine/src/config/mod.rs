@@ -191,6 +191,18 @@ mod tests {
     }
 
     #[test]
+    fn consumers_on_the_embedded_broker_wait_less_for_empty_fetches() {
+        let wait =
+            |c: &Config| c.kafka.clients("b:9092").group_consumer("ledger").get("fetch.wait.max.ms").map(str::to_owned);
+        let embedded = with("").unwrap();
+        assert_eq!(wait(&embedded).as_deref(), Some("5"));
+        let external = with("[kafka]\nbrokers = \"k1:9092\"").unwrap();
+        assert_eq!(wait(&external).as_deref(), Some("25"), "a Kafka broker answers as soon as records arrive");
+        let chosen = with("[kafka.consumer]\n\"fetch.wait.max.ms\" = \"40\"").unwrap();
+        assert_eq!(wait(&chosen).as_deref(), Some("40"), "the operator's word");
+    }
+
+    #[test]
     fn defaults_are_valid_and_match_design() {
         let c = with("").unwrap();
         assert_eq!(c.http.intake_addr.to_string(), "127.0.0.1:8080");
