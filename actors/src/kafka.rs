@@ -117,7 +117,7 @@ impl KafkaClients {
         c
     }
 
-    /// A producer: idempotent, acks=all, zstd, linger 5 ms; a record not acknowledged
+    /// A producer: idempotent, acks=all, zstd, linger 1 ms; a record not acknowledged
     /// within `message_timeout` fails.
     #[must_use]
     pub fn producer(&self, client_id: &str, message_timeout: Duration) -> ClientConfig {
@@ -143,7 +143,7 @@ impl KafkaClients {
 
     fn producer_defaults(&self, client_id: &str) -> ClientConfig {
         let mut c = self.base(client_id);
-        c.set("acks", "all").set("compression.type", "zstd").set("linger.ms", "5");
+        c.set("acks", "all").set("compression.type", "zstd").set("linger.ms", "1");
         c
     }
 
@@ -202,7 +202,7 @@ mod tests {
         let plain = KafkaClients::new("b:9092", BTreeMap::new(), BTreeMap::new());
         let t = plain.transactional_producer("tally-antifraud", "tid", Duration::from_secs(10));
         assert_eq!(t.get("linger.ms"), Some("0"), "nothing lingers before a commit");
-        assert_eq!(plain.producer("tally-outbox", Duration::from_secs(30)).get("linger.ms"), Some("5"));
+        assert_eq!(plain.producer("tally-outbox", Duration::from_secs(30)).get("linger.ms"), Some("1"));
         let r = clients().reader("tally-dlt-admin", None);
         assert_eq!((r.get("group.id"), r.get("enable.auto.commit")), (Some("tally-dlt-admin"), Some("false")));
     }
