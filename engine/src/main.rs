@@ -155,6 +155,21 @@ enum BenchScenario {
         #[arg(long, default_value_t = 30)]
         kill_seconds: u64,
     },
+    /// Cost as work grows: the ledger on one daemon (a separate process) over many records
+    /// and accounts; per window, records/s against the first window and the daemon's RSS.
+    /// Long at the defaults: `make soak`, not part of `make bench`.
+    Soak {
+        #[arg(long, default_value_t = 2_000_000)]
+        transfers: usize,
+        #[arg(long, default_value_t = 1_000_000)]
+        accounts: usize,
+        /// Processed records per window.
+        #[arg(long, default_value_t = 100_000)]
+        window: usize,
+        /// The database to (re-)create on the server of `database.url`.
+        #[arg(long, default_value = "tally_bench_soak")]
+        database: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -248,6 +263,12 @@ fn main() -> ExitCode {
             tally_engine::bench::scale::run(
                 &config,
                 &tally_engine::bench::scale::Args { daemons, transfers, accounts, rate, kill_seconds },
+            )
+        }
+        Command::Bench { scenario: BenchScenario::Soak { transfers, accounts, window, database } } => {
+            tally_engine::bench::soak::run(
+                &config,
+                &tally_engine::bench::soak::Args { transfers, accounts, window, database },
             )
         }
     };

@@ -3,6 +3,7 @@
 //! Figures are measured and reported, never asserted.
 
 pub mod baseline;
+mod child;
 pub mod cluster;
 pub mod e2e;
 pub mod hops;
@@ -10,6 +11,7 @@ pub mod ledger;
 pub mod outbox;
 pub mod plot;
 pub mod scale;
+pub mod soak;
 pub mod stages;
 
 use std::io::IsTerminal;
@@ -96,8 +98,19 @@ pub async fn produce_all(
 /// Peak resident set size of this process so far (VmHWM), in MiB.
 #[must_use]
 pub fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    proc_status_mib("self", "VmHWM")
+}
+
+/// Resident set size of process `pid` now (VmRSS), in MiB; `None` once it is gone.
+#[must_use]
+pub fn rss_mib(pid: u32) -> Option<f64> {
+    proc_status_mib(&pid.to_string(), "VmRSS")
+}
+
+/// Field `field` (a size in kB) of `/proc/<pid>/status`, in MiB.
+fn proc_status_mib(pid: &str, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.strip_prefix(field).is_some_and(|rest| rest.starts_with(':')))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
 }

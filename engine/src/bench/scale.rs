@@ -14,22 +14,17 @@
 //!   and the survivor takes them over.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use rdkafka::config::ClientConfig;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{account, connect, fresh_database, http_get, pair, quantile, runtime, write_report, Progress};
+use super::child::{epoch_ms, shares, Site, Stream};
+use super::{connect, fresh_database, quantile, runtime, write_report, Progress};
 use crate::broker::EmbeddedBroker;
 use crate::config::Config;
-use tally_schema::events::TransferAnalyzed;
-use tally_schema::EventType;
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -78,29 +73,6 @@ struct Report {
     kill: Kill,
 }
 
-/// A `tally run` child, killed when dropped.
-struct Daemon {
-    child: Child,
-    admin: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// What every run shares: the runtime, the broker, the database and the base settings.
-struct Bench<'a> {
-    base: &'a Config,
-    runtime: tokio::runtime::Runtime,
-    broker: Arc<EmbeddedBroker>,
-    url: String,
-    partitions: i32,
-    accounts: usize,
-}
-
 /// Runs the scenario.
 ///
 /// # Errors
@@ -111,7 +83,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     }
     let runtime = runtime()?;
     let url = runtime.block_on(fresh_database(base, "tally_bench_scale", args.accounts))?;
-    let bench = Bench {
+    let site = Site {
         base,
         runtime,
         broker: Arc::new(EmbeddedBroker::start(1)?),
@@ -122,243 +94,131 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     let mut throughput = Vec::new();
     for n in 1..=args.daemons {
         eprintln!("scale bench: {n} daemon(s), {} records", args.transfers);
-        let records_per_second = bench.throughput(n, args.transfers)?;
+        let records_per_second = measure_throughput(&site, n, args.transfers)?;
         eprintln!("  {records_per_second:.0} records/s");
         throughput.push(Throughput { daemons: n, records: args.transfers, records_per_second });
     }
     eprintln!("scale bench: kill one of two daemons under {} records/s", args.rate);
-    let kill = bench.kill(args)?;
-    let report = Report { scenario: "scale", partitions: bench.partitions, accounts: args.accounts, throughput, kill };
+    let kill = kill_one_of_two(&site, args)?;
+    let report = Report { scenario: "scale", partitions: site.partitions, accounts: args.accounts, throughput, kill };
     print_table(&report);
     let path = write_report("scale", &report)?;
     println!("JSON: {}", path.display());
     Ok(())
 }
 
-impl Bench<'_> {
-    /// The ledger's input topic and group of run `name`: every run reads its own records.
-    fn prepare(&self, name: &str) -> anyhow::Result<(String, String)> {
-        let topic = format!("{}.{name}", self.base.kafka.topics.transfers_analyzed);
-        let mut config = self.base.clone();
-        config.kafka.topics.transfers_analyzed.clone_from(&topic);
-        config.kafka.replication_factor = 1;
-        for spec in crate::kafka::topic_specs(&config) {
-            self.broker.create_topic_if_missing(&spec.name, spec.partitions, 1)?;
+fn measure_throughput(site: &Site<'_>, n: usize, transfers: usize) -> anyhow::Result<f64> {
+    let (topic, group) = site.prepare("scale", &format!("throughput-{n}"))?;
+    let daemons = site.start(n, &topic, &group, &[])?;
+    let db = site.runtime.block_on(connect(&site.url))?;
+    let before = site.runtime.block_on(processed(&db))?;
+    let started = Instant::now();
+    let producer = site.producer()?;
+    let mut stream = Stream::new(site.accounts, site.partitions);
+    site.runtime.block_on(async {
+        let mut deliveries = Vec::with_capacity(transfers);
+        for _ in 0..transfers {
+            deliveries.push(stream.send(&producer, &topic)?.delivery);
         }
-        Ok((topic, format!("bench-scale-{name}")))
-    }
-
-    /// Starts `n` daemons running only the ledger on `topic` in `group`, and waits until
-    /// each holds a share of the partitions.
-    fn start(&self, n: usize, topic: &str, group: &str) -> anyhow::Result<Vec<Daemon>> {
-        let exe = std::env::current_exe().context("cannot find the tally executable")?;
-        let mut daemons = Vec::with_capacity(n);
-        for i in 0..n {
-            let admin = free_addr()?;
-            let log = std::fs::File::create(format!("target/bench/scale-{group}-{i}.log"))
-                .context("cannot create a daemon log under target/bench")?;
-            let child = Command::new(&exe)
-                .arg("run")
-                .env("TALLY__DATABASE__URL", &self.url)
-                .env("TALLY__KAFKA__BROKERS", self.broker.bootstrap_servers())
-                .env("TALLY__KAFKA__CREATE_TOPICS", "false")
-                .env("TALLY__KAFKA__TOPICS__TRANSFERS_ANALYZED", topic)
-                .env("TALLY__LEDGER__GROUP_ID", group)
-                .env("TALLY__INSTANCE__ID", format!("{group}-{i}"))
-                .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
-                .env("TALLY__HTTP__ADMIN_ADDR", &admin)
-                .env("TALLY__LOG__LEVEL", "warn")
-                .envs(
-                    ["OUTBOX", "ANTIFRAUD", "PROJECTION", "ORDERS", "NOTIFICATIONS"]
-                        .map(|p| (format!("TALLY__PIPELINES__{p}"), "false")),
-                )
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .context("cannot start tally run")?;
-            daemons.push(Daemon { child, admin: format!("http://{admin}") });
+        for d in deliveries {
+            d.await.context("delivery report lost")?.map_err(|(e, _)| e)?;
         }
-        let started = Instant::now();
-        let mut progress = Progress::bar("partitions shared", self.partitions as u64);
-        loop {
-            let shares = self.runtime.block_on(shares(&daemons));
-            let held: usize = shares.iter().map(Vec::len).sum();
-            if shares.iter().all(|s| !s.is_empty()) && held == self.partitions as usize {
-                progress.update(held as u64, String::new);
-                progress.finish();
-                return Ok(daemons);
-            }
-            progress.update(held as u64, || format!("{n} daemon(s) joining: {shares:?}"));
-            if started.elapsed() > Duration::from_secs(120) {
-                bail!("{n} daemons did not share the partitions within 2 minutes: {shares:?}");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
+        anyhow::Ok(())
+    })?;
+    wait_processed(site, &db, before + transfers as i64)?;
+    let rate = transfers as f64 / started.elapsed().as_secs_f64();
+    drop(daemons);
+    Ok(rate)
+}
 
-    fn throughput(&self, n: usize, transfers: usize) -> anyhow::Result<f64> {
-        let (topic, group) = self.prepare(&format!("throughput-{n}"))?;
-        let daemons = self.start(n, &topic, &group)?;
-        let db = self.runtime.block_on(connect(&self.url))?;
-        let before = self.runtime.block_on(processed(&db))?;
-        let started = Instant::now();
-        let producer = self.producer()?;
-        let mut stream = Stream::new(self.accounts, self.partitions);
-        self.runtime.block_on(async {
-            let mut deliveries = Vec::with_capacity(transfers);
-            for _ in 0..transfers {
-                deliveries.push(stream.send(&producer, &topic)?);
-            }
-            for d in deliveries {
-                d.await.context("delivery report lost")?.map_err(|(e, _)| e)?;
-            }
-            anyhow::Ok(())
-        })?;
-        self.wait_processed(&db, before + transfers as i64)?;
-        let rate = transfers as f64 / started.elapsed().as_secs_f64();
-        drop(daemons);
-        Ok(rate)
-    }
-
-    fn kill(&self, args: &Args) -> anyhow::Result<Kill> {
-        let (topic, group) = self.prepare("kill")?;
-        let mut daemons = self.start(2, &topic, &group)?;
-        let owned: Vec<Vec<i32>> = self.runtime.block_on(shares(&daemons));
-        let db = self.runtime.block_on(connect(&self.url))?;
-        let before = self.runtime.block_on(processed(&db))?;
-        let producer = self.producer()?;
-        let mut stream = Stream::new(self.accounts, self.partitions);
-        let records = args.rate as usize * args.kill_seconds as usize;
-        let kill_at = Duration::from_secs(args.kill_seconds) / 3;
-        let mut killed_at = None;
-        let start = Instant::now();
-        let mut progress = Progress::bar("records produced at the rate", records as u64);
-        self.runtime.block_on(async {
-            let mut deliveries = Vec::with_capacity(records);
-            for i in 0..records {
-                let due = Duration::from_secs_f64(i as f64 / f64::from(args.rate));
-                tokio::time::sleep_until((start + due).into()).await;
-                if killed_at.is_none() && start.elapsed() >= kill_at {
-                    if let Some(victim) = daemons.last_mut() {
-                        victim.child.kill().context("cannot kill a daemon")?;
-                        let _ = victim.child.wait();
-                    }
-                    killed_at = Some(epoch_ms());
-                    eprintln!("  killed the second daemon (SIGKILL) after {kill_at:?}");
+fn kill_one_of_two(site: &Site<'_>, args: &Args) -> anyhow::Result<Kill> {
+    let (topic, group) = site.prepare("scale", "kill")?;
+    let mut daemons = site.start(2, &topic, &group, &[])?;
+    let owned: Vec<Vec<i32>> = site.runtime.block_on(shares(&daemons));
+    let db = site.runtime.block_on(connect(&site.url))?;
+    let before = site.runtime.block_on(processed(&db))?;
+    let producer = site.producer()?;
+    let mut stream = Stream::new(site.accounts, site.partitions);
+    // Transfer id -> (partition, produced at).
+    let mut sent: HashMap<Uuid, (i32, f64)> = HashMap::new();
+    let records = args.rate as usize * args.kill_seconds as usize;
+    let kill_at = Duration::from_secs(args.kill_seconds) / 3;
+    let mut killed_at = None;
+    let start = Instant::now();
+    let mut progress = Progress::bar("records produced at the rate", records as u64);
+    site.runtime.block_on(async {
+        let mut deliveries = Vec::with_capacity(records);
+        for i in 0..records {
+            let due = Duration::from_secs_f64(i as f64 / f64::from(args.rate));
+            tokio::time::sleep_until((start + due).into()).await;
+            if killed_at.is_none() && start.elapsed() >= kill_at {
+                if let Some(victim) = daemons.last_mut() {
+                    victim.child.kill().context("cannot kill a daemon")?;
+                    let _ = victim.child.wait();
                 }
-                deliveries.push(stream.send(&producer, &topic)?);
-                progress.update(i as u64 + 1, String::new);
+                killed_at = Some(epoch_ms());
+                eprintln!("  killed the second daemon (SIGKILL) after {kill_at:?}");
             }
-            progress.finish();
-            for d in deliveries {
-                d.await.context("delivery report lost")?.map_err(|(e, _)| e)?;
-            }
-            anyhow::Ok(())
-        })?;
-        self.wait_processed(&db, before + records as i64)?;
-        let killed_at = killed_at.context("the stream ended before the kill")?;
-        let settled = self.runtime.block_on(settled_at(&db, &stream.sent))?;
-        drop(daemons);
-        let gap = |partitions: &[i32]| {
-            partitions
-                .iter()
-                .filter_map(|p| settled.get(p))
-                .map(|times| longest_gap_after(times, killed_at))
-                .fold(0.0, f64::max)
-        };
-        let at: HashMap<Uuid, f64> = settled.values().flatten().copied().collect();
-        let mut latencies: Vec<f64> = stream
-            .sent
-            .iter()
-            .filter_map(|(id, (_, produced))| at.get(id).map(|settled| ms_between(*produced, *settled)))
-            .collect();
-        latencies.sort_by(f64::total_cmp);
-        Ok(Kill {
-            rate: args.rate,
-            records,
-            survivor_partitions_max_gap_ms: gap(owned.first().map_or(&[][..], Vec::as_slice)),
-            moved_partitions_max_gap_ms: gap(owned.get(1).map_or(&[][..], Vec::as_slice)),
-            latency_p50_ms: quantile(&latencies, 0.5),
-            latency_p99_ms: quantile(&latencies, 0.99),
-            session_timeout_ms: self
-                .base
-                .kafka
-                .clients("")
-                .group_consumer("ledger")
-                .get("session.timeout.ms")
-                .unwrap_or("?")
-                .to_owned(),
-        })
-    }
-
-    fn producer(&self) -> anyhow::Result<FutureProducer> {
-        Ok(ClientConfig::new()
-            .set("bootstrap.servers", self.broker.bootstrap_servers())
-            .set("linger.ms", "5")
-            .set("queue.buffering.max.messages", "1000000")
-            .create()?)
-    }
-
-    fn wait_processed(&self, db: &tokio_postgres::Client, want: i64) -> anyhow::Result<()> {
-        let started = Instant::now();
-        let mut progress = Progress::spinner("records processed");
-        loop {
-            let done = self.runtime.block_on(processed(db))?;
-            if done >= want {
-                progress.finish();
-                return Ok(());
-            }
-            progress.update(done as u64, || format!("{done} of {want}"));
-            if started.elapsed() > Duration::from_secs(600) {
-                bail!("{done} of {want} processed after 10 minutes");
-            }
-            std::thread::sleep(Duration::from_millis(100));
+            let one = stream.send(&producer, &topic)?;
+            sent.insert(one.transfer_id, (one.partition, one.at_ms));
+            deliveries.push(one.delivery);
+            progress.update(i as u64 + 1, String::new);
         }
-    }
+        progress.finish();
+        for d in deliveries {
+            d.await.context("delivery report lost")?.map_err(|(e, _)| e)?;
+        }
+        anyhow::Ok(())
+    })?;
+    wait_processed(site, &db, before + records as i64)?;
+    let killed_at = killed_at.context("the stream ended before the kill")?;
+    let settled = site.runtime.block_on(settled_at(&db, &sent))?;
+    drop(daemons);
+    let gap = |partitions: &[i32]| {
+        partitions
+            .iter()
+            .filter_map(|p| settled.get(p))
+            .map(|times| longest_gap_after(times, killed_at))
+            .fold(0.0, f64::max)
+    };
+    let at: HashMap<Uuid, f64> = settled.values().flatten().copied().collect();
+    let mut latencies: Vec<f64> = sent
+        .iter()
+        .filter_map(|(id, (_, produced))| at.get(id).map(|settled| ms_between(*produced, *settled)))
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    Ok(Kill {
+        rate: args.rate,
+        records,
+        survivor_partitions_max_gap_ms: gap(owned.first().map_or(&[][..], Vec::as_slice)),
+        moved_partitions_max_gap_ms: gap(owned.get(1).map_or(&[][..], Vec::as_slice)),
+        latency_p50_ms: quantile(&latencies, 0.5),
+        latency_p99_ms: quantile(&latencies, 0.99),
+        session_timeout_ms: site
+            .base
+            .kafka
+            .clients("")
+            .group_consumer("ledger")
+            .get("session.timeout.ms")
+            .unwrap_or("?")
+            .to_owned(),
+    })
 }
 
-/// Transfers whose source account decides the partition (`account % partitions`), so that
-/// each account stays on one partition and every record's partition is known.
-struct Stream {
-    accounts: usize,
-    partitions: i32,
-    next: usize,
-    /// Transfer id -> (partition, produced at).
-    sent: HashMap<Uuid, (i32, f64)>,
-}
-
-type Delivery = rdkafka::producer::DeliveryFuture;
-
-impl Stream {
-    fn new(accounts: usize, partitions: i32) -> Self {
-        Self { accounts, partitions, next: 0, sent: HashMap::new() }
-    }
-
-    fn send(&mut self, producer: &FutureProducer, topic: &str) -> anyhow::Result<Delivery> {
-        let n = self.next;
-        self.next += 1;
-        let (from, to) = pair(n, self.accounts);
-        let partition = (from % self.partitions as usize) as i32;
-        let transfer_id = Uuid::new_v4();
-        let now = epoch_ms();
-        let event = serde_json::to_string(&TransferAnalyzed {
-            event_id: tally_schema::derived_event_id("analyzed", transfer_id),
-            transfer_id,
-            source_account: account(from),
-            destination_account: account(to),
-            amount_cents: 1 + (n % 500) as i64,
-            currency: "BRL".into(),
-            score: 10,
-            analyzed_at: chrono::Utc::now(),
-        })?;
-        let key = account(from);
-        let kind = EventType::TransferAnalyzed.as_str();
-        let headers = OwnedHeaders::new().insert(Header { key: "event-type", value: Some(kind) });
-        let record = FutureRecord::to(topic).key(&key).payload(&event).partition(partition).headers(headers);
-        let delivery = producer.send_result(record).map_err(|(e, _)| e)?;
-        self.sent.insert(transfer_id, (partition, now));
-        Ok(delivery)
+fn wait_processed(site: &Site<'_>, db: &tokio_postgres::Client, want: i64) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut progress = Progress::spinner("records processed");
+    loop {
+        let done = site.runtime.block_on(processed(db))?;
+        if done >= want {
+            progress.finish();
+            return Ok(());
+        }
+        progress.update(done as u64, || format!("{done} of {want}"));
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("{done} of {want} processed after 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -406,38 +266,6 @@ fn longest_gap_after(times: &[(Uuid, f64)], from: f64) -> f64 {
 
 fn ms_between(from: f64, to: f64) -> f64 {
     to - from
-}
-
-/// Now, in ms since the Unix epoch (as the database's times are read).
-fn epoch_ms() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-}
-
-/// The partitions of the ledger each daemon holds now (empty when it does not answer).
-async fn shares(daemons: &[Daemon]) -> Vec<Vec<i32>> {
-    let mut all = Vec::with_capacity(daemons.len());
-    for d in daemons {
-        let held = http_get(&format!("{}/admin/pipelines", d.admin))
-            .await
-            .ok()
-            .and_then(|body| serde_json::from_str::<serde_json::Value>(&body).ok())
-            .and_then(|v| {
-                v["pipelines"].as_array()?.iter().find(|p| p["name"] == "ledger").map(|p| {
-                    p["partitions"]
-                        .as_array()
-                        .map(|ps| ps.iter().filter_map(|e| e["partition"].as_i64()).map(|p| p as i32).collect())
-                        .unwrap_or_default()
-                })
-            })
-            .unwrap_or_default();
-        all.push(held);
-    }
-    all
-}
-
-fn free_addr() -> anyhow::Result<String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    Ok(format!("127.0.0.1:{port}"))
 }
 
 fn print_table(r: &Report) {

@@ -1,13 +1,14 @@
 //! The bench's own SQL against PostgreSQL: the account ids it writes in SQL are the ids its
 //! clients use, at every size (a million accounts included); the per-hop breakdown reads
-//! the stages' times right; `tally bench stages` runs every stage and reports each.
+//! the stages' times right; `tally bench stages` runs every stage and reports each;
+//! `tally bench soak` reports every window with a rate and the daemon's RSS.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use tally_engine::bench::cluster::ClusterKind;
 use tally_engine::bench::{account, stages, ACCOUNT_ID_SQL};
 use tally_engine::config::SecretUrl;
 use tally_engine::Config;
-use tally_integration_tests::{TestDb, DEFAULT_DATABASE_URL};
+use tally_integration_tests::{tally_binary, TestDb, DEFAULT_DATABASE_URL};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn account_ids_in_sql_match_the_clients_ids_past_five_digits() {
@@ -100,6 +101,54 @@ fn the_stages_bench_reports_every_stage() {
         assert!(records > 0 && rate > 0.0, "{row}");
     }
     assert!(report["ratios"]["e2eOverSeed"].is_number(), "{}", report["ratios"]);
+}
+
+/// `tally bench soak` at a tiny size through the binary (the daemon a child of it, as in
+/// `make soak`), in a directory of its own: the JSON has one window per 1,000 records, each
+/// with a rate and the daemon's RSS, and both plots are drawn. Timings are never asserted.
+#[test]
+fn the_soak_bench_reports_every_window_with_a_rate_and_the_daemons_rss() {
+    let server = std::env::var("TALLY_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+    let prefix = format!("tally_test_soak_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let dir = std::env::temp_dir().join(&prefix);
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let database = format!("{prefix}_soak");
+    let output = std::process::Command::new(tally_binary())
+        .args(["bench", "soak", "--transfers", "3000", "--accounts", "2000", "--window", "1000"])
+        .args(["--database", &database])
+        .env("TALLY__DATABASE__URL", &server)
+        .env("TALLY__LOG__LEVEL", "warn")
+        .current_dir(&dir)
+        .output()
+        .expect("run tally bench soak");
+    drop_databases(&server, &prefix);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "tally bench soak failed:\n{stdout}\n{stderr}");
+    let bench = dir.join("target/bench");
+    let json = std::fs::read_dir(&bench)
+        .expect("target/bench")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("soak-") && p.extension().is_some_and(|x| x == "json"))
+        })
+        .expect("the JSON report");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(json).expect("the report")).expect("JSON");
+    let windows = report["windows"].as_array().expect("a list of windows");
+    assert_eq!(windows.len(), 3, "{report}");
+    for w in windows {
+        let rate = w["recordsPerSecond"].as_f64().unwrap_or(0.0);
+        let rss = w["rssMaxMib"].as_f64().unwrap_or(0.0);
+        assert!(rate > 0.0 && rss > 0.0, "{w}");
+    }
+    assert_eq!(windows.last().map(|w| w["records"].clone()), Some(serde_json::json!(3000)));
+    assert!(report["maxRssMib"].as_f64().unwrap_or(0.0) > 0.0, "{report}");
+    for svg in ["soak-throughput.svg", "soak-rss.svg"] {
+        assert!(bench.join(svg).exists(), "{svg} drawn");
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Drops the databases the bench made (`<prefix>_*`).

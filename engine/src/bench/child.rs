@@ -1,0 +1,223 @@
+//! What the multi-process benches (`scale`, `soak`) share: `tally run` child processes
+//! running only the ledger pipeline on the bench's embedded broker and database, and the
+//! stream of `TransferAnalyzed` records they settle, produced to known partitions.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rdkafka::config::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use uuid::Uuid;
+
+use super::{account, http_get, pair, Progress};
+use crate::broker::EmbeddedBroker;
+use crate::config::Config;
+use tally_schema::events::TransferAnalyzed;
+use tally_schema::EventType;
+
+/// A `tally run` child, killed when dropped.
+pub(super) struct Daemon {
+    pub(super) child: Child,
+    /// Its admin listener, `http://host:port`.
+    pub(super) admin: String,
+}
+
+impl Daemon {
+    /// Its process id (for `/proc/<pid>/status`).
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Where the children run: the runtime, the broker, the database and the base settings.
+pub(super) struct Site<'a> {
+    pub(super) base: &'a Config,
+    pub(super) runtime: tokio::runtime::Runtime,
+    pub(super) broker: Arc<EmbeddedBroker>,
+    /// The database URL.
+    pub(super) url: String,
+    /// Partitions of every topic.
+    pub(super) partitions: i32,
+    pub(super) accounts: usize,
+}
+
+impl Site<'_> {
+    /// The ledger's input topic and group of run `name` of bench `scenario`, topics created:
+    /// every run reads its own records.
+    pub(super) fn prepare(&self, scenario: &str, name: &str) -> anyhow::Result<(String, String)> {
+        let topic = format!("{}.{name}", self.base.kafka.topics.transfers_analyzed);
+        let mut config = self.base.clone();
+        config.kafka.topics.transfers_analyzed.clone_from(&topic);
+        config.kafka.replication_factor = 1;
+        for spec in crate::kafka::topic_specs(&config) {
+            self.broker.create_topic_if_missing(&spec.name, spec.partitions, 1)?;
+        }
+        Ok((topic, format!("bench-{scenario}-{name}")))
+    }
+
+    /// Starts `n` daemons running only the ledger on `topic` in `group` (with the `extra`
+    /// `TALLY__*` variables), their logs in `target/bench/<group>-<i>.log`, and waits until
+    /// each holds a share of the partitions.
+    pub(super) fn start(
+        &self,
+        n: usize,
+        topic: &str,
+        group: &str,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<Vec<Daemon>> {
+        let exe = std::env::current_exe().context("cannot find the tally executable")?;
+        std::fs::create_dir_all("target/bench").context("cannot create target/bench")?;
+        let mut daemons = Vec::with_capacity(n);
+        for i in 0..n {
+            let admin = free_addr()?;
+            let log = std::fs::File::create(format!("target/bench/{group}-{i}.log"))
+                .context("cannot create a daemon log under target/bench")?;
+            let child = Command::new(&exe)
+                .arg("run")
+                .env("TALLY__DATABASE__URL", &self.url)
+                .env("TALLY__KAFKA__BROKERS", self.broker.bootstrap_servers())
+                .env("TALLY__KAFKA__CREATE_TOPICS", "false")
+                .env("TALLY__KAFKA__TOPICS__TRANSFERS_ANALYZED", topic)
+                .env("TALLY__LEDGER__GROUP_ID", group)
+                .env("TALLY__INSTANCE__ID", format!("{group}-{i}"))
+                .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
+                .env("TALLY__HTTP__ADMIN_ADDR", &admin)
+                .env("TALLY__LOG__LEVEL", "warn")
+                .envs(
+                    ["OUTBOX", "ANTIFRAUD", "PROJECTION", "ORDERS", "NOTIFICATIONS"]
+                        .map(|p| (format!("TALLY__PIPELINES__{p}"), "false")),
+                )
+                .envs(extra.iter().copied())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .context("cannot start tally run")?;
+            daemons.push(Daemon { child, admin: format!("http://{admin}") });
+        }
+        self.wait_shared(daemons)
+    }
+
+    fn wait_shared(&self, daemons: Vec<Daemon>) -> anyhow::Result<Vec<Daemon>> {
+        let n = daemons.len();
+        let started = Instant::now();
+        let mut progress = Progress::bar("partitions shared", self.partitions as u64);
+        loop {
+            let shares = self.runtime.block_on(shares(&daemons));
+            let held: usize = shares.iter().map(Vec::len).sum();
+            if shares.iter().all(|s| !s.is_empty()) && held == self.partitions as usize {
+                progress.update(held as u64, String::new);
+                progress.finish();
+                return Ok(daemons);
+            }
+            progress.update(held as u64, || format!("{n} daemon(s) joining: {shares:?}"));
+            if started.elapsed() > Duration::from_secs(120) {
+                bail!("{n} daemons did not share the partitions within 2 minutes: {shares:?}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// A producer to the broker, records sent within 5 ms.
+    pub(super) fn producer(&self) -> anyhow::Result<FutureProducer> {
+        Ok(ClientConfig::new()
+            .set("bootstrap.servers", self.broker.bootstrap_servers())
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()?)
+    }
+}
+
+/// Transfers whose source account decides the partition (`account % partitions`), so that
+/// each account stays on one partition and every record's partition is known. Source
+/// accounts follow [`pair`]: spread over every account.
+pub(super) struct Stream {
+    accounts: usize,
+    partitions: i32,
+    next: usize,
+}
+
+pub(super) type Delivery = rdkafka::producer::DeliveryFuture;
+
+/// One record handed to the producer.
+pub(super) struct Sent {
+    pub(super) transfer_id: Uuid,
+    pub(super) partition: i32,
+    /// When it was produced, ms since the Unix epoch.
+    pub(super) at_ms: f64,
+    pub(super) delivery: Delivery,
+}
+
+impl Stream {
+    pub(super) fn new(accounts: usize, partitions: i32) -> Self {
+        Self { accounts, partitions, next: 0 }
+    }
+
+    /// Sends the next transfer to `topic`.
+    pub(super) fn send(&mut self, producer: &FutureProducer, topic: &str) -> anyhow::Result<Sent> {
+        let n = self.next;
+        self.next += 1;
+        let (from, to) = pair(n, self.accounts);
+        let partition = (from % self.partitions as usize) as i32;
+        let transfer_id = Uuid::new_v4();
+        let at_ms = epoch_ms();
+        let event = serde_json::to_string(&TransferAnalyzed {
+            event_id: tally_schema::derived_event_id("analyzed", transfer_id),
+            transfer_id,
+            source_account: account(from),
+            destination_account: account(to),
+            amount_cents: 1 + (n % 500) as i64,
+            currency: "BRL".into(),
+            score: 10,
+            analyzed_at: chrono::Utc::now(),
+        })?;
+        let key = account(from);
+        let kind = EventType::TransferAnalyzed.as_str();
+        let headers = OwnedHeaders::new().insert(Header { key: "event-type", value: Some(kind) });
+        let record = FutureRecord::to(topic).key(&key).payload(&event).partition(partition).headers(headers);
+        let delivery = producer.send_result(record).map_err(|(e, _)| e)?;
+        Ok(Sent { transfer_id, partition, at_ms, delivery })
+    }
+}
+
+/// Now, in ms since the Unix epoch (as the database's times are read).
+pub(super) fn epoch_ms() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// The partitions of the ledger each daemon holds now (empty when it does not answer).
+pub(super) async fn shares(daemons: &[Daemon]) -> Vec<Vec<i32>> {
+    let mut all = Vec::with_capacity(daemons.len());
+    for d in daemons {
+        let held = http_get(&format!("{}/admin/pipelines", d.admin))
+            .await
+            .ok()
+            .and_then(|body| serde_json::from_str::<serde_json::Value>(&body).ok())
+            .and_then(|v| {
+                v["pipelines"].as_array()?.iter().find(|p| p["name"] == "ledger").map(|p| {
+                    p["partitions"]
+                        .as_array()
+                        .map(|ps| ps.iter().filter_map(|e| e["partition"].as_i64()).map(|p| p as i32).collect())
+                        .unwrap_or_default()
+                })
+            })
+            .unwrap_or_default();
+        all.push(held);
+    }
+    all
+}
+
+fn free_addr() -> anyhow::Result<String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    Ok(format!("127.0.0.1:{port}"))
+}
