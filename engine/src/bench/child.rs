@@ -51,7 +51,17 @@ pub(super) struct Site<'a> {
     pub(super) accounts: usize,
 }
 
-impl Site<'_> {
+impl<'a> Site<'a> {
+    /// A fresh database `database` with `accounts` accounts, and a fresh embedded broker.
+    ///
+    /// # Errors
+    /// When the database or the broker cannot be created.
+    pub(super) fn new(base: &'a Config, database: &str, accounts: usize) -> anyhow::Result<Self> {
+        let runtime = super::runtime()?;
+        let url = runtime.block_on(super::fresh_database(base, database, accounts))?;
+        let broker = Arc::new(EmbeddedBroker::start(1)?);
+        Ok(Self { base, runtime, broker, url, partitions: base.kafka.partitions, accounts })
+    }
     /// The ledger's input topic and group of run `name` of bench `scenario`, topics created:
     /// every run reads its own records.
     pub(super) fn prepare(&self, scenario: &str, name: &str) -> anyhow::Result<(String, String)> {

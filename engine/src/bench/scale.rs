@@ -14,7 +14,6 @@
 //!   and the survivor takes them over.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -22,8 +21,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::child::{epoch_ms, shares, Site, Stream};
-use super::{connect, fresh_database, quantile, runtime, write_report, Progress};
-use crate::broker::EmbeddedBroker;
+use super::{connect, quantile, write_report, Progress};
 use crate::config::Config;
 
 #[derive(Debug, Clone)]
@@ -81,16 +79,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     if args.daemons == 0 || args.transfers == 0 || args.accounts < 2 || args.rate == 0 || args.kill_seconds < 3 {
         bail!("need at least 1 daemon, 1 transfer, 2 accounts, a positive rate and a kill run of 3 s or more");
     }
-    let runtime = runtime()?;
-    let url = runtime.block_on(fresh_database(base, "tally_bench_scale", args.accounts))?;
-    let site = Site {
-        base,
-        runtime,
-        broker: Arc::new(EmbeddedBroker::start(1)?),
-        url,
-        partitions: base.kafka.partitions,
-        accounts: args.accounts,
-    };
+    let site = Site::new(base, "tally_bench_scale", args.accounts)?;
     let mut throughput = Vec::new();
     for n in 1..=args.daemons {
         eprintln!("scale bench: {n} daemon(s), {} records", args.transfers);

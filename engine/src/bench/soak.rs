@@ -31,7 +31,6 @@
 //! 256 MiB of RSS.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -40,8 +39,7 @@ use serde::Serialize;
 
 use super::child::{Daemon, Site, Stream};
 use super::plot::{self, Axes, Line};
-use super::{connect, fresh_database, http_get, metric_sum, rss_mib, runtime, write_report, Progress};
-use crate::broker::EmbeddedBroker;
+use super::{connect, http_get, metric_sum, rss_mib, write_report, Progress};
 use crate::config::Config;
 
 /// The daemon's RSS target, MiB.
@@ -127,17 +125,8 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     if args.transfers == 0 || args.accounts < 2 || args.window == 0 {
         bail!("need at least 1 transfer, 2 accounts and a window of 1 record");
     }
-    let runtime = runtime()?;
     eprintln!("soak bench: creating {} accounts in database {}", args.accounts, args.database);
-    let url = runtime.block_on(fresh_database(base, &args.database, args.accounts))?;
-    let site = Site {
-        base,
-        runtime,
-        broker: Arc::new(EmbeddedBroker::start(1)?),
-        url,
-        partitions: base.kafka.partitions,
-        accounts: args.accounts,
-    };
+    let site = Site::new(base, &args.database, args.accounts)?;
     let (topic, group) = site.prepare("soak", "soak")?;
     eprintln!("soak bench: one daemon, {} records, windows of {}", args.transfers, args.window);
     let mut daemons = site.start(1, &topic, &group, &[("TALLY__LEDGER__CHECK_INTERVAL_SECS", "0")])?;

@@ -290,6 +290,11 @@ struct Done {
 }
 
 impl Done {
+    /// A stage done when `records` rows are in `table`, each finished at `column`.
+    fn rows_in(what: &'static str, table: &'static str, column: &'static str, records: usize) -> Self {
+        Self { what, left: format!("SELECT {records} - count(*) FROM {table}"), table, column, rows: "true" }
+    }
+
     /// The first and last completion (epoch seconds), and how many completed at the first.
     fn span_sql(&self) -> String {
         let Self { table, column, rows, .. } = self;
@@ -331,13 +336,7 @@ fn antifraud(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> a
         };
         outgoing(&topic, event.source_account.clone(), &event, EventType::TransferRequested)
     }))?;
-    let done = Done {
-        what: "antifraud decisions",
-        left: format!("SELECT {} - count(*) FROM antifraud_decisions", args.records),
-        table: "antifraud_decisions",
-        column: "decided_at",
-        rows: "true",
-    };
+    let done = Done::rows_in("antifraud decisions", "antifraud_decisions", "decided_at", args.records);
     run_alone(&bed, runtime, args.records, &done, "antifraud")
 }
 
@@ -401,13 +400,7 @@ fn notifications(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) 
     runtime.block_on(produce_all(&bed.cluster.bootstrap(), args.records, |i| {
         outgoing(&topic, account(i % args.accounts), &settled(Uuid::new_v4()), EventType::TransferSettled)
     }))?;
-    let done = Done {
-        what: "notifications delivered",
-        left: format!("SELECT {} - count(*) FROM notification_deliveries", args.records),
-        table: "notification_deliveries",
-        column: "delivered_at",
-        rows: "true",
-    };
+    let done = Done::rows_in("notifications delivered", "notification_deliveries", "delivered_at", args.records);
     run_alone(&bed, runtime, args.records, &done, "notifications")
 }
 
