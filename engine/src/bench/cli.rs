@@ -1,0 +1,156 @@
+//! The `tally bench` subcommands and what each runs.
+
+use clap::Subcommand;
+
+use crate::config::Config;
+
+/// A load scenario (`tally bench <scenario>`).
+#[derive(Debug, Subcommand)]
+pub enum Scenario {
+    /// Settle pre-produced TransferAnalyzed records with the ledger pipeline, then with the
+    /// classic one-transaction-per-record baseline over the same records.
+    Ledger {
+        #[arg(long, default_value_t = 200_000)]
+        transfers: usize,
+        #[arg(long, default_value_t = 10_000)]
+        accounts: usize,
+        #[arg(long, default_value_t = 12)]
+        partitions: i32,
+        /// Skip the baseline run.
+        #[arg(long)]
+        no_baseline: bool,
+    },
+    /// The outbox publisher against a classic scheduled relay (poll 200 ms, batches of 100): drain
+    /// rate of pending rows, and commit-to-publish latency at a fixed intake rate.
+    Outbox {
+        #[arg(long, default_value_t = 100_000)]
+        rows: usize,
+        /// POST /transfers per second in the latency phase.
+        #[arg(long, default_value_t = 1_000)]
+        rate: u32,
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
+    /// HTTP load through every pipeline: a fixed offered rate, then an open loop.
+    E2e {
+        /// Offered transfers per second in the fixed-rate phase.
+        #[arg(long, default_value_t = 500)]
+        rate: u32,
+        #[arg(long, default_value_t = 20)]
+        rate_seconds: u64,
+        #[arg(long, default_value_t = 30)]
+        max_seconds: u64,
+        /// Concurrent clients in the open-loop phase.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 10_000)]
+        accounts: usize,
+    },
+    /// Each stage alone on pre-produced input (outbox drain, antifraud, ledger, projection,
+    /// notifications), then end to end, then end to end in the seed configuration; the
+    /// ratios between them.
+    Stages {
+        /// Input records of each stage alone.
+        #[arg(long, default_value_t = 10_000)]
+        records: usize,
+        /// Transfers of the end-to-end run (open loop).
+        #[arg(long, default_value_t = 5_000)]
+        e2e_transfers: usize,
+        /// Transfers of the end-to-end run in the seed configuration.
+        #[arg(long, default_value_t = 500)]
+        seed_transfers: usize,
+        /// Longest sending time of each end-to-end run.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Concurrent clients of the end-to-end runs.
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 10_000)]
+        accounts: usize,
+        #[arg(long, default_value_t = 12)]
+        partitions: i32,
+        /// The Kafka cluster: the in-process embedded broker, or noida-db (real
+        /// transactions; installed by scripts/ensure-noida.sh) as a child process.
+        #[arg(long, value_enum, default_value_t = super::cluster::ClusterKind::Embedded)]
+        broker: super::cluster::ClusterKind,
+    },
+    /// The ledger on 1..=N daemons of one group (separate processes), then a SIGKILL of one
+    /// of two under a steady stream: how long each partition stood still.
+    Scale {
+        #[arg(long, default_value_t = 3)]
+        daemons: usize,
+        /// Records per throughput run.
+        #[arg(long, default_value_t = 40_000)]
+        transfers: usize,
+        #[arg(long, default_value_t = 10_000)]
+        accounts: usize,
+        /// Records per second through the kill run.
+        #[arg(long, default_value_t = 1_000)]
+        rate: u32,
+        /// Length of the kill run (the kill happens at a third of it).
+        #[arg(long, default_value_t = 30)]
+        kill_seconds: u64,
+    },
+    /// Cost as work grows: the ledger on one daemon (a separate process) over many records
+    /// and accounts; per window, records/s against the first window and the daemon's RSS.
+    /// Long at the defaults: `make soak`, not part of `make bench`.
+    Soak {
+        #[arg(long, default_value_t = 2_000_000)]
+        transfers: usize,
+        #[arg(long, default_value_t = 1_000_000)]
+        accounts: usize,
+        /// Processed records per window.
+        #[arg(long, default_value_t = 100_000)]
+        window: usize,
+        /// The database to (re-)create on the server of `database.url`.
+        #[arg(long, default_value = "tally_bench_soak")]
+        database: String,
+    },
+}
+
+/// Runs `scenario` on `config`.
+///
+/// # Errors
+/// When the scenario fails (its database, broker or daemons).
+pub fn run(config: &Config, scenario: Scenario) -> anyhow::Result<()> {
+    match scenario {
+        Scenario::Ledger { transfers, accounts, partitions, no_baseline } => super::ledger::run(
+            config,
+            &super::ledger::Args {
+                transfers,
+                accounts,
+                partitions,
+                baseline: !no_baseline,
+                database_prefix: "tally_bench".into(),
+            },
+        ),
+        Scenario::Outbox { rows, rate, seconds } => {
+            super::outbox::run(config, &super::outbox::Args { rows, rate, seconds })
+        }
+        Scenario::E2e { rate, rate_seconds, max_seconds, clients, accounts } => {
+            super::e2e::run(config, &super::e2e::Args { rate, rate_seconds, max_seconds, clients, accounts })
+        }
+        Scenario::Stages { records, e2e_transfers, seed_transfers, seconds, clients, accounts, partitions, broker } => {
+            super::stages::run(
+                config,
+                &super::stages::Args {
+                    records,
+                    e2e_transfers,
+                    seed_transfers,
+                    seconds,
+                    clients,
+                    accounts,
+                    partitions,
+                    broker,
+                    database_prefix: "tally_bench_stages".into(),
+                },
+            )
+        }
+        Scenario::Scale { daemons, transfers, accounts, rate, kill_seconds } => {
+            super::scale::run(config, &super::scale::Args { daemons, transfers, accounts, rate, kill_seconds })
+        }
+        Scenario::Soak { transfers, accounts, window, database } => {
+            super::soak::run(config, &super::soak::Args { transfers, accounts, window, database })
+        }
+    }
+}
