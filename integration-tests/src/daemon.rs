@@ -273,6 +273,14 @@ pub fn tally_binary() -> std::path::PathBuf {
 #[derive(Debug)]
 pub struct TallyProcess(std::process::Child);
 
+impl TallyProcess {
+    /// Takes charge of `child`: it is killed when this is dropped.
+    #[must_use]
+    pub fn new(child: std::process::Child) -> Self {
+        Self(child)
+    }
+}
+
 impl std::ops::Deref for TallyProcess {
     type Target = std::process::Child;
     fn deref(&self) -> &Self::Target {
@@ -328,7 +336,7 @@ pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> TallyProces
         .stdout(std::process::Stdio::null())
         .stderr(stderr)
         .spawn()
-        .map(TallyProcess)
+        .map(TallyProcess::new)
         .expect("start tally run")
 }
 

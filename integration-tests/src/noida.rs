@@ -166,12 +166,13 @@ pub async fn spawn(db: &TestDb, broker: &NoidaBroker, configure: impl FnOnce(&mu
 
 /// Starts `tally run` as a child process on `db` and `broker` (topics created by the
 /// daemon, 3 partitions, listeners on port 0), with extra `TALLY__*` variables. Its logs
-/// go to `target/<profile>/tally-noida-child.log`. Kill it with `Child::kill` (SIGKILL).
+/// go to `target/<profile>/tally-noida-child.log`. Kill it with `Child::kill` (SIGKILL), or
+/// drop it.
 ///
 /// # Panics
 /// When the process cannot be started.
 #[must_use]
-pub fn spawn_process(db: &TestDb, broker: &NoidaBroker, extra: &[(&str, &str)]) -> Child {
+pub fn spawn_process(db: &TestDb, broker: &NoidaBroker, extra: &[(&str, &str)]) -> crate::TallyProcess {
     let binary = crate::tally_binary();
     let log = binary.with_file_name("tally-noida-child.log");
     let stderr =
@@ -189,6 +190,7 @@ pub fn spawn_process(db: &TestDb, broker: &NoidaBroker, extra: &[(&str, &str)]) 
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
+        .map(crate::TallyProcess::new)
         .expect("start tally run")
 }
 

@@ -206,16 +206,6 @@ async fn several_antifraud_instances_decide_each_transfer_once_across_rebalances
     first.stop().await;
 }
 
-/// A child process killed (SIGKILL) when dropped, so a failing test leaves none behind.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The ids of `ids` whose transfer is still PENDING (or unknown).
 async fn still_pending(db: &TestDb, ids: &[Uuid]) -> i64 {
     let ids = ids.to_vec();
@@ -256,7 +246,7 @@ async fn an_instance_killed_mid_flow_and_restarted_under_its_id_finishes_every_t
         ("TALLY__PIPELINES__NOTIFICATIONS", "false"),
         ("TALLY__PIPELINES__ORDERS", "false"),
     ];
-    let mut first = Killed(noida::spawn_process(&db, &broker, &child_env));
+    let mut first = noida::spawn_process(&db, &broker, &child_env);
     let warm = post_transfer(&intake, "K-A", "K-C", 1).await;
     assert_eq!(final_state(&intake, warm).await["status"], "SETTLED", "the first instance runs");
     let mut ids = vec![warm];
@@ -268,16 +258,16 @@ async fn an_instance_killed_mid_flow_and_restarted_under_its_id_finishes_every_t
     };
     post(25, &mut ids).await;
     // Mid-flow: the last of those are still between antifraud and the ledger.
-    first.0.kill().expect("kill -9 the first instance");
-    let _ = first.0.wait();
+    first.kill().expect("kill -9 the first instance");
+    let _ = first.wait();
     post(15, &mut ids).await;
     let pending_at_restart = still_pending(&db, &ids).await;
     let restarted = Instant::now();
-    let antifraud = Killed(noida::spawn_process(
+    let antifraud = noida::spawn_process(
         &db,
         &broker,
         &[&child_env[..], &[("TALLY__PIPELINES__LEDGER", "false"), ("TALLY__PIPELINES__PROJECTION", "false")]].concat(),
-    ));
+    );
     let quick = Duration::from_millis(300);
     while decisions_seen_within(&broker.bootstrap(), quick).len() < ids.len()
         && restarted.elapsed() < Duration::from_secs(60)
@@ -285,11 +275,8 @@ async fn an_instance_killed_mid_flow_and_restarted_under_its_id_finishes_every_t
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let fenced = restarted.elapsed();
-    let second = Killed(noida::spawn_process(
-        &db,
-        &broker,
-        &[&child_env[..], &[("TALLY__PIPELINES__ANTIFRAUD", "false")]].concat(),
-    ));
+    let second =
+        noida::spawn_process(&db, &broker, &[&child_env[..], &[("TALLY__PIPELINES__ANTIFRAUD", "false")]].concat());
     let mut pending = pending_at_restart;
     while pending > 0 && restarted.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(100)).await;
