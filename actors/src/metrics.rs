@@ -126,6 +126,9 @@ metrics! {
     retry_records_total: IntCounterVec = "Records written to a retry topic, by topic and the attempt they carry.", labels ["topic", "attempt"];
     ledger_check_success_timestamp_seconds: Gauge = "Unix time of the last periodic ledger check that ran (whatever it found).";
     ledger_invariant_ok: IntGaugeVec = "1 when the ledger invariant held at the last check, 0 otherwise.", labels ["invariant"];
+    db_pool_connections: IntGaugeVec = "Open connections of a stage's database pool, by pool and state (in_use, idle), refreshed by GET /metrics.", labels ["pool", "state"];
+    db_pool_max_connections: IntGaugeVec = "The most connections a stage's database pool opens (its size in database.pools).", labels ["pool"];
+    db_pool_waiting: IntGaugeVec = "Tasks waiting for a connection of a stage's database pool, refreshed by GET /metrics.", labels ["pool"];
 }
 
 impl std::fmt::Debug for Metrics {

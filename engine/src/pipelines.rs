@@ -14,19 +14,20 @@ use tally_actors::ledger::{BatchSettler, LedgerHandler, LedgerTopics, Settlement
 use tally_actors::notify::{Notifier, NotifierSettings};
 use tally_actors::orders::OrderMaterializer;
 use tally_actors::projection::StatusProjector;
-use tally_actors::store::{PgPool, PoolSettings};
+use tally_actors::store::PgPool;
 use tally_actors::supervise::{DeadLetters, Supervision};
 use tally_actors::Metrics;
 
-use crate::config::{Config, RetryConfig};
+use crate::app::Pools;
+use crate::config::{Config, DbPool, RetryConfig};
 
 /// What every pipeline needs from the daemon.
 pub struct Wiring<'a> {
     pub config: &'a Config,
     pub bootstrap: &'a str,
-    pub pool: PgPool,
-    /// How `pool` was built, for stages that build their own pool on their own thread.
-    pub pool_settings: PoolSettings,
+    /// A pool per stage: each stage, its dead letters included, takes connections from
+    /// its own.
+    pub pools: Pools,
     pub metrics: Metrics,
     /// Producer for dead-letter writes (idempotent, acks=all).
     pub dlt_producer: FutureProducer,
@@ -86,21 +87,35 @@ impl Wiring<'_> {
         self.config.database.statement_timeout
     }
 
-    fn dead_letters(&self, group_id: &str, stopping: &Arc<AtomicBool>) -> DeadLetters {
+    /// The pool of `stage`.
+    fn pool(&self, stage: DbPool) -> PgPool {
+        self.pools.get(stage).clone()
+    }
+
+    /// Dead letters of a pipeline of `stage`, stored (when their DLT refuses them) through
+    /// the stage's own pool.
+    fn dead_letters(&self, stage: DbPool, group_id: &str, stopping: &Arc<AtomicBool>) -> DeadLetters {
         DeadLetters::new(
             self.dlt_producer.clone(),
             group_id.into(),
             self.metrics.clone(),
             Arc::clone(stopping),
-            self.pool.clone(),
+            self.pool(stage),
         )
     }
 
-    fn supervision(&self, name: &str, group_id: &str, retry: &RetryConfig, stopping: &Arc<AtomicBool>) -> Supervision {
+    fn supervision(
+        &self,
+        stage: DbPool,
+        name: &str,
+        group_id: &str,
+        retry: &RetryConfig,
+        stopping: &Arc<AtomicBool>,
+    ) -> Supervision {
         Supervision {
             pipeline: name.into(),
             policy: retry.policy(),
-            dead_letters: Arc::new(self.dead_letters(group_id, stopping)),
+            dead_letters: Arc::new(self.dead_letters(stage, group_id, stopping)),
             metrics: self.metrics.clone(),
             in_retry: Arc::default(),
             health: Arc::default(),
@@ -117,10 +132,10 @@ impl Wiring<'_> {
         let settler: Arc<dyn Settler> =
             self.settler.clone().unwrap_or_else(|| Arc::new(BatchSettler { max_batch: cfg.batch_size }));
         // One transfer per settlement: sequential per partition, a commit after each
-        // record, and as many settlements at once as the pool has connections.
+        // record, and as many settlements at once as the ledger's pool has connections.
         let one_by_one = settler.one_at_a_time();
         let batcher = SettlementBatcher::new(
-            self.pool.clone(),
+            self.pool(DbPool::Ledger),
             LedgerTopics {
                 settled: topics.transfers_settled.clone(),
                 rejected: topics.transfers_rejected.clone(),
@@ -128,7 +143,7 @@ impl Wiring<'_> {
             },
             self.metrics.clone(),
             settler,
-            if one_by_one { self.config.database.pool_size } else { cfg.max_concurrent_batches },
+            if one_by_one { self.config.pool_size(DbPool::Ledger) } else { cfg.max_concurrent_batches },
             cfg.linger,
         )
         .start();
@@ -144,7 +159,7 @@ impl Wiring<'_> {
             spec.commit_each = true;
         }
         let stopping = Arc::new(AtomicBool::new(false));
-        let supervision = self.supervision("ledger", &cfg.group_id, &cfg.retry, &stopping);
+        let supervision = self.supervision(DbPool::Ledger, "ledger", &cfg.group_id, &cfg.retry, &stopping);
         Pipeline::start(
             spec,
             Arc::new(LedgerHandler::new(batcher)),
@@ -165,10 +180,10 @@ impl Wiring<'_> {
         let topics = vec![self.config.kafka.topics.orders_received.clone()];
         let spec = self.spec("orders", &cfg.group_id, topics, &cfg.retry, self.statement_timeout());
         let stopping = Arc::new(AtomicBool::new(false));
-        let supervision = self.supervision("orders", &cfg.group_id, &cfg.retry, &stopping);
+        let supervision = self.supervision(DbPool::Orders, "orders", &cfg.group_id, &cfg.retry, &stopping);
         Pipeline::start(
             spec,
-            Arc::new(OrderMaterializer::new(self.pool.clone())),
+            Arc::new(OrderMaterializer::new(self.pool(DbPool::Orders))),
             supervision,
             stopping,
             self.metrics.clone(),
@@ -194,10 +209,10 @@ impl Wiring<'_> {
             self.statement_timeout(),
         );
         let stopping = Arc::new(AtomicBool::new(false));
-        let supervision = self.supervision("projection", &cfg.group_id, &cfg.retry, &stopping);
+        let supervision = self.supervision(DbPool::Projection, "projection", &cfg.group_id, &cfg.retry, &stopping);
         Pipeline::start(
             spec,
-            Arc::new(StatusProjector::new(self.pool.clone(), topics.transfers_settled.clone())),
+            Arc::new(StatusProjector::new(self.pool(DbPool::Projection), topics.transfers_settled.clone())),
             supervision,
             stopping,
             self.metrics.clone(),
@@ -237,11 +252,7 @@ impl Wiring<'_> {
             transaction_timeout: cfg.transaction_timeout,
             call_timeout: cfg.call_timeout,
             retry: cfg.retry.policy(),
-            database: PoolSettings {
-                max_size: 2,
-                application_name: "tally-antifraud".into(),
-                ..self.pool_settings.clone()
-            },
+            database: self.pool(DbPool::Antifraud),
         };
         let rules = RiskRules {
             base: cfg.base_score,
@@ -274,9 +285,9 @@ impl Wiring<'_> {
         let stopping = Arc::new(AtomicBool::new(false));
         let notifier = Arc::new(
             Notifier::new(
-                self.pool.clone(),
+                self.pool(DbPool::Notifications),
                 self.dlt_producer.clone(),
-                self.dead_letters(&cfg.group_id, &stopping),
+                self.dead_letters(DbPool::Notifications, &cfg.group_id, &stopping),
                 self.metrics.clone(),
                 NotifierSettings {
                     webhook_url: cfg.webhook_url.clone(),
@@ -307,7 +318,7 @@ impl Wiring<'_> {
             .into_iter()
             .map(|spec| {
                 let name = spec.name.clone();
-                let supervision = self.supervision(&name, &spec.group_id, &cfg.retry, &stopping);
+                let supervision = self.supervision(DbPool::Notifications, &name, &spec.group_id, &cfg.retry, &stopping);
                 let handler: Arc<dyn tally_actors::supervise::RecordHandler> = notifier.clone();
                 Pipeline::start(
                     spec,

@@ -36,15 +36,15 @@ impl TestEnv {
     }
 
     /// The configuration [`TestEnv::spawn`] starts from: listeners on `127.0.0.1:0`, this
-    /// environment's database, 1 HTTP worker, a small pool, a 50 ms outbox poll interval
-    /// and short publisher backoff.
+    /// environment's database, 1 HTTP worker, small pools ([`test_pools`]), a 50 ms outbox
+    /// poll interval and short publisher backoff.
     #[must_use]
     pub fn config(&self) -> Config {
         let mut c = Config::default();
         // Unique per daemon: several daemons of one test are several instances.
         c.instance.id = format!("test-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         c.database.url = SecretUrl::new(self.db.url());
-        c.database.pool_size = 4;
+        c.database.pools = test_pools();
         c.kafka.embedded_brokers = self.broker.broker_count();
         c.http.intake_addr = ([127, 0, 0, 1], 0).into();
         c.http.admin_addr = ([127, 0, 0, 1], 0).into();
@@ -72,6 +72,33 @@ impl TestEnv {
             .unwrap_or_else(|e| panic!("the daemon did not start: {e:#}"));
         TestApp::new(handle, config)
     }
+}
+
+/// The database pools of a daemon under test: smaller than the defaults, as tests run
+/// several daemons at once on one PostgreSQL. The outbox's follows `outbox.concurrency`.
+#[must_use]
+pub fn test_pools() -> PoolsConfig {
+    PoolsConfig {
+        http: Some(4),
+        outbox: None,
+        ledger: Some(4),
+        antifraud: Some(2),
+        projection: Some(2),
+        orders: Some(2),
+        notifications: Some(2),
+    }
+}
+
+/// [`test_pools`] as `TALLY__DATABASE__POOLS__*` variables, for `tally run` children.
+#[must_use]
+pub fn test_pools_env() -> Vec<(String, String)> {
+    let pools = test_pools();
+    DbPool::ALL
+        .into_iter()
+        .filter_map(|p| {
+            pools.get(p).map(|n| (format!("TALLY__DATABASE__POOLS__{}", p.name().to_uppercase()), n.to_string()))
+        })
+        .collect()
 }
 
 /// Runs only the pipelines named in `names` (`outbox`, `ledger`, `antifraud`,
@@ -324,7 +351,7 @@ pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> TallyProces
     std::process::Command::new(binary)
         .arg("run")
         .env("TALLY__DATABASE__URL", env.db.url())
-        .env("TALLY__DATABASE__POOL_SIZE", "4")
+        .envs(test_pools_env())
         .env("TALLY__KAFKA__BROKERS", env.bootstrap())
         // The mock cluster has no Admin API; the harness created the topics.
         .env("TALLY__KAFKA__CREATE_TOPICS", "false")

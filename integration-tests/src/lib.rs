@@ -48,7 +48,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tally_engine::broker::EmbeddedBroker;
-use tally_engine::config::SecretUrl;
+use tally_engine::config::{DbPool, PoolsConfig, SecretUrl};
 use tally_engine::{Config, DaemonHandle};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};

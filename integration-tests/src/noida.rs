@@ -130,7 +130,7 @@ pub fn config(db: &TestDb, broker: &NoidaBroker) -> Config {
     let mut c = Config::default();
     c.instance.id = format!("test-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     c.database.url = SecretUrl::new(db.url());
-    c.database.pool_size = 4;
+    c.database.pools = crate::test_pools();
     c.kafka.brokers = broker.bootstrap();
     c.kafka.partitions = 3;
     c.kafka.create_topics = true;
@@ -180,7 +180,7 @@ pub fn spawn_process(db: &TestDb, broker: &NoidaBroker, extra: &[(&str, &str)]) 
     Command::new(binary)
         .arg("run")
         .env("TALLY__DATABASE__URL", db.url())
-        .env("TALLY__DATABASE__POOL_SIZE", "4")
+        .envs(crate::test_pools_env())
         .env("TALLY__KAFKA__BROKERS", broker.bootstrap())
         .env("TALLY__KAFKA__PARTITIONS", "3")
         .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")

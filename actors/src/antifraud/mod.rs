@@ -25,7 +25,8 @@
 //!
 //! This stage needs no per-key actors: the work per record is a lookup or a computation,
 //! and one loop in partition order keeps per-key order and the transaction boundaries
-//! simple. Its database pool lives on the loop's own thread and runtime.
+//! simple. Its database connections, from a pool of its own, are opened on and driven by
+//! the loop's own thread and runtime.
 
 mod batch;
 pub mod decisions;
@@ -52,7 +53,7 @@ use crate::consume::{
     StatsView,
 };
 use crate::metrics::Metrics;
-use crate::store::{build_pool, PgPool, PoolSettings};
+use crate::store::PgPool;
 use crate::supervise::RetryPolicy;
 use txn::{new_producer, TxnProducer};
 
@@ -64,7 +65,8 @@ pub const REJECTED_KIND: &str = "rejected-antifraud";
 
 const PIPELINE: &str = "antifraud";
 
-#[derive(Debug, Clone)]
+/// What the stage runs with. Not `Debug`: its pool is not.
+#[derive(Clone)]
 pub struct AntifraudSpec {
     pub group_id: String,
     pub input: String,
@@ -88,9 +90,10 @@ pub struct AntifraudSpec {
     pub call_timeout: Duration,
     /// Backoff between attempts of a failed transaction or database call.
     pub retry: RetryPolicy,
-    /// The stage's own database pool (decisions and the dead-letter fallback), built on
-    /// the stage's thread.
-    pub database: PoolSettings,
+    /// The stage's own database pool (decisions and the dead-letter fallback). Its
+    /// connections open on the stage's runtime, which drives them; closed when the stage
+    /// stops.
+    pub database: PgPool,
 }
 
 struct AntifraudContext {
@@ -209,13 +212,7 @@ impl Antifraud {
                 tracing::error!(pipeline = PIPELINE, "Cannot start the antifraud database runtime; stage stopped.");
                 return;
             };
-            let pool = match runtime.block_on(async { build_pool(&spec.database) }) {
-                Ok(pool) => pool,
-                Err(e) => {
-                    tracing::error!(pipeline = PIPELINE, error = %e, "Cannot build the antifraud database pool; stage stopped.");
-                    return;
-                }
-            };
+            let pool = spec.database.clone();
             let io = LoopIo {
                 consumer: &consumer,
                 spec: &spec,
@@ -227,6 +224,8 @@ impl Antifraud {
                 pool: &pool,
             };
             drive(&io, producer, risk);
+            // Its connections live on this runtime: they close with it.
+            pool.close();
         })?;
         info!(pipeline = PIPELINE, "Antifraud stage started.");
         let handle = PipelineControl::new(driver.control(), status);

@@ -24,13 +24,14 @@ fn spec() -> AntifraudSpec {
         transaction_timeout: Duration::from_secs(10),
         call_timeout: Duration::from_secs(1),
         retry: RetryPolicy::default(),
-        database: PoolSettings {
+        database: crate::store::build_pool(&crate::store::PoolSettings {
             url: "postgres://localhost/none".into(),
             max_size: 1,
             statement_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
             application_name: "test".into(),
-        },
+        })
+        .expect("a pool (opens nothing)"),
     }
 }
 

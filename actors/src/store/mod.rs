@@ -1,4 +1,4 @@
-//! Every SQL statement tally runs, one file per table family, with the connection pool
+//! Every SQL statement tally runs, one file per table family, with the connection pools
 //! and the migration runner. Actors, handlers and HTTP endpoints call the named functions
 //! here; no other module builds a query. (The bench's set-up scripts, which create and
 //! fill throwaway databases, keep their SQL beside them in `tally_engine::bench`.)
@@ -14,7 +14,7 @@
 //! | `dead_letters.rs` | `dead_letters` |
 //! | `lookup.rs` | all of them, read-only: one transfer's story, for the operator console |
 //! | `check.rs` | all of them, read-only: the ledger invariants |
-//! | `pool.rs`, `migrate.rs` | connections; `__diesel_schema_migrations` |
+//! | `pool.rs`, `migrate.rs` | connections (a pool per stage, its gauges); `__diesel_schema_migrations` |
 
 pub mod accounts;
 pub mod check;
@@ -28,4 +28,4 @@ pub mod outbox;
 pub mod pool;
 pub mod transfers;
 
-pub use pool::{build_pool, PgPool, PoolSettings, PooledConnection};
+pub use pool::{build_pool, publish_pool_status, PgPool, PoolSettings, PooledConnection};

@@ -1,5 +1,6 @@
-//! The PostgreSQL connection pool: one deadpool of `AsyncPgConnection`, with
-//! `statement_timeout` and `application_name` set on every new connection.
+//! The PostgreSQL connection pools: each a deadpool of `AsyncPgConnection`, with
+//! `statement_timeout` and `application_name` set on every new connection. The daemon
+//! builds one per stage, so that one stage's backlog waits on its own connections only.
 
 use std::time::Duration;
 
@@ -8,6 +9,8 @@ use diesel_async::pooled_connection::deadpool::{BuildError, Pool};
 use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::FutureExt;
+
+use crate::metrics::Metrics;
 
 pub type PgPool = Pool<AsyncPgConnection>;
 pub type PooledConnection = diesel_async::pooled_connection::deadpool::Object<AsyncPgConnection>;
@@ -22,7 +25,8 @@ pub struct PoolSettings {
     pub application_name: String,
 }
 
-/// Builds the pool. Connections are opened lazily.
+/// Builds the pool. Connections are opened lazily, each on the runtime of the task that
+/// first needs it (which then drives it).
 ///
 /// # Errors
 /// When the pool cannot be built (an invalid size).
@@ -51,4 +55,16 @@ pub fn build_pool(settings: &PoolSettings) -> Result<PgPool, BuildError> {
         .create_timeout(Some(settings.connect_timeout))
         .runtime(deadpool::Runtime::Tokio1)
         .build()
+}
+
+/// Publishes the status of `pool` as the `tally_db_pool_*` gauges labelled `name`:
+/// connections in use and idle, tasks waiting for one, and the pool's maximum.
+pub fn publish_pool_status(name: &str, pool: &PgPool, metrics: &Metrics) {
+    let status = pool.status();
+    let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let connections = &metrics.db_pool_connections;
+    connections.with_label_values(&[name, "in_use"]).set(gauge(status.size.saturating_sub(status.available)));
+    connections.with_label_values(&[name, "idle"]).set(gauge(status.available));
+    metrics.db_pool_waiting.with_label_values(&[name]).set(gauge(status.waiting));
+    metrics.db_pool_max_connections.with_label_values(&[name]).set(gauge(status.max_size));
 }

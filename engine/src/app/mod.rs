@@ -1,4 +1,4 @@
-//! Wiring: builds the pool, Kafka clients, actors and HTTP listeners from the
+//! Wiring: builds the database pools, Kafka clients, actors and HTTP listeners from the
 //! configuration, and owns the shutdown order: stop intake -> stop fetching
 //! -> drain actors -> commit offsets -> flush producers -> stop HTTP.
 
@@ -13,13 +13,12 @@ use anyhow::Context;
 use rdkafka::producer::FutureProducer;
 use tally_actors::ledger::Settler;
 use tally_actors::outbox::{self, OutboxPublisher, OutboxRelay, PublisherSettings, StopPublishing};
-use tally_actors::store::{build_pool, PoolSettings};
 use tally_actors::Metrics;
 use tokio::sync::watch;
 use tracing::info;
 
 use crate::broker::{self, EmbeddedBroker};
-use crate::config::Config;
+use crate::config::{Config, DbPool};
 use crate::http::{self, AppState};
 use crate::kafka;
 use crate::pipelines;
@@ -28,8 +27,10 @@ use tally_actors::consume::Pipeline;
 
 /// Where the daemon's Kafka clients connect.
 mod handle;
+mod pools;
 
 pub use handle::{spawn, spawn_with, DaemonHandle};
+pub use pools::Pools;
 
 #[derive(Clone)]
 pub struct KafkaEndpoint {
@@ -114,7 +115,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
 }
 
 /// [`start`] with replacement [`Parts`]. Over 80 lines because it is the start order,
-/// read top to bottom: pool and producers, antifraud before every consumer (its fencing
+/// read top to bottom: pools and producers, antifraud before every consumer (its fencing
 /// must precede their reads), the pipelines, the outbox publisher, then the listeners.
 ///
 /// # Errors
@@ -126,14 +127,9 @@ pub async fn start_with(
     parts: Parts,
 ) -> anyhow::Result<Daemon> {
     let metrics = Metrics::new().context("cannot register metrics")?;
-    let pool_settings = PoolSettings {
-        url: config.database.url.expose().to_owned(),
-        max_size: config.database.pool_size,
-        statement_timeout: config.database.statement_timeout,
-        connect_timeout: config.database.connect_timeout,
-        application_name: "tally".into(),
-    };
-    let pool = build_pool(&pool_settings).context("cannot build the database pool")?;
+    let pools = Pools::build(&config)?;
+    let running_pools = pools::in_use(&config);
+    pools::log(&config, &running_pools);
 
     let producer: FutureProducer =
         kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-outbox", config.outbox.send_timeout)
@@ -147,8 +143,7 @@ pub async fn start_with(
     let shared = pipelines::Wiring {
         config: &config,
         bootstrap: &kafka.bootstrap,
-        pool: pool.clone(),
-        pool_settings: pool_settings.clone(),
+        pools: pools.clone(),
         metrics: metrics.clone(),
         dlt_producer: dlt_producer.clone(),
         settler: parts.settler.clone(),
@@ -174,7 +169,7 @@ pub async fn start_with(
         running.iter().map(Pipeline::control).chain(antifraud.iter().map(Antifraud::control)).collect();
 
     if config.pipelines.ledger && !config.ledger.check_interval.is_zero() {
-        spawn_ledger_checks(pool.clone(), metrics.clone(), config.ledger.check_interval);
+        spawn_ledger_checks(pools.get(DbPool::Ledger).clone(), metrics.clone(), config.ledger.check_interval);
     }
 
     let wake = Arc::new(outbox::Doorbell::default());
@@ -182,7 +177,12 @@ pub async fn start_with(
     let mut listener = None;
     let mut publisher = None;
     if config.pipelines.outbox {
-        let relay = OutboxRelay::new(pool.clone(), producer.clone(), metrics.clone(), config.outbox.batch_size);
+        let relay = OutboxRelay::new(
+            pools.get(DbPool::Outbox).clone(),
+            producer.clone(),
+            metrics.clone(),
+            config.outbox.batch_size,
+        );
         let settings = PublisherSettings {
             poll_interval: config.outbox.poll_interval,
             retention: config.outbox.retention,
@@ -212,7 +212,8 @@ pub async fn start_with(
     }
     let (state_dropped_tx, state_dropped) = std::sync::mpsc::channel();
     let state = web::Data::new(AppState {
-        pool,
+        pool: pools.get(DbPool::Http).clone(),
+        pools: pools.named(&running_pools),
         topics: config.kafka.topics.clone(),
         metrics,
         expected_migrations,

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::app::Parts;
 use crate::bench::baseline::OneByOne;
-use crate::config::{Config, LogFormat};
+use crate::config::{Config, DbPool, LogFormat};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -213,7 +213,8 @@ fn run_once(
     let url = runtime.block_on(fresh_database(base, &format!("{}_{label}", args.database_prefix), args.accounts))?;
 
     let mut config = daemon_config(base, &url, cluster);
-    config.database.pool_size = config.database.pool_size.max(16);
+    // The baseline settles one transfer per connection of the ledger's pool at once.
+    config.database.pools.ledger = Some(config.pool_size(DbPool::Ledger).max(16));
     config.kafka.partitions = args.partitions;
     config.pipelines = Stage::Ledger.alone();
     config.ledger.group_id = format!("bench-{label}");

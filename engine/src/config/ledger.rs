@@ -12,7 +12,8 @@ pub struct LedgerConfig {
     pub group_id: String,
     /// Transfers settled per database transaction at most.
     pub batch_size: usize,
-    /// Settlement transactions running at once.
+    /// Settlement transactions running at once, each on a connection of
+    /// `database.pools.ledger`.
     pub max_concurrent_batches: usize,
     /// How long a partial batch waits for more transfers while another batch runs.
     #[serde(rename = "linger_ms", with = "super::duration::ms")]
@@ -49,8 +50,8 @@ impl LedgerConfig {
         if !(1..=5_000).contains(&self.batch_size) {
             return invalid("ledger.batch_size", "must be between 1 and 5000");
         }
-        if self.max_concurrent_batches == 0 {
-            return invalid("ledger.max_concurrent_batches", "must be between 1 and database.pool_size");
+        if !(1..=1000).contains(&self.max_concurrent_batches) {
+            return invalid("ledger.max_concurrent_batches", "must be between 1 and 1000");
         }
         if !(1..=MAX_BALANCE_CEILING).contains(&self.max_balance_cents) {
             return invalid("ledger.max_balance_cents", "must be between 1 and 1000000000000000000 (10^18)");

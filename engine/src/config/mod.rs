@@ -25,6 +25,7 @@ mod kafka;
 mod ledger;
 mod notifications;
 mod outbox;
+mod pools;
 mod secrets;
 mod stages;
 mod telemetry;
@@ -39,6 +40,7 @@ pub use kafka::{KafkaConfig, TopicsConfig, RECORD_OVERHEAD_BYTES};
 pub use ledger::LedgerConfig;
 pub use notifications::NotificationsConfig;
 pub use outbox::OutboxConfig;
+pub use pools::{DbPool, PoolsConfig};
 pub use secrets::{ClientProperties, Secret, SecretUrl};
 pub use stages::{OrdersConfig, ProjectionConfig};
 pub use telemetry::TelemetryConfig;
@@ -153,14 +155,9 @@ impl Config {
             );
         }
         self.outbox.validate()?;
-        if self.outbox.concurrency >= self.database.pool_size {
-            return invalid("outbox.concurrency", "must be between 1 and 8, and below database.pool_size");
-        }
         self.consumer.validate()?;
         self.ledger.validate()?;
-        if self.ledger.max_concurrent_batches > self.database.pool_size {
-            return invalid("ledger.max_concurrent_batches", "must be between 1 and database.pool_size");
-        }
+        pools::validate(self)?;
         self.antifraud.validate()?;
         self.projection.validate()?;
         self.orders.validate()?;
@@ -173,11 +170,12 @@ impl Config {
         Ok(())
     }
 
-    /// The effective configuration as TOML (`tally config`). Every secret type prints
-    /// itself redacted, so nothing here needs to know which fields are secret.
+    /// The effective configuration as TOML (`tally config`), every pool size spelled out.
+    /// Every secret type prints itself redacted, so nothing here needs to know which fields
+    /// are secret.
     #[must_use]
     pub fn to_redacted_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+        toml::to_string_pretty(&self.with_pools_resolved()).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
 }
 

@@ -23,7 +23,8 @@ pub struct OutboxConfig {
     pub backoff_initial: Duration,
     #[serde(rename = "backoff_max_ms", with = "super::duration::ms")]
     pub backoff_max: Duration,
-    /// Publish loops per daemon (each on a disjoint half of the free key shards).
+    /// Publish loops per daemon (each on a disjoint half of the free key shards), each with
+    /// a connection of `database.pools.outbox` while it publishes.
     pub concurrency: usize,
 }
 
@@ -58,7 +59,7 @@ impl OutboxConfig {
             return invalid("outbox.backoff_max_ms", "must be at least outbox.backoff_initial_ms (> 0)");
         }
         if !(1..=8).contains(&self.concurrency) {
-            return invalid("outbox.concurrency", "must be between 1 and 8, and below database.pool_size");
+            return invalid("outbox.concurrency", "must be between 1 and 8");
         }
         if self.cleanup_interval.is_zero() {
             return invalid("outbox.cleanup_interval_secs", "must be greater than 0");

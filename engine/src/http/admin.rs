@@ -101,10 +101,14 @@ fn unassigned_pipelines(stages: &[PipelineControl]) -> Vec<String> {
         .collect()
 }
 
-/// Prometheus text exposition; the outbox gauges are refreshed from the database and the
-/// DLT gauges from Kafka first (the latter bounded by a short deadline: on timeout the
-/// previous values are served).
+/// Prometheus text exposition; the pool gauges are refreshed from the pools, the outbox
+/// gauges from the database and the DLT gauges from Kafka first (the latter bounded by a
+/// short deadline: on timeout the previous values are served).
 async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    // First: the refreshes below hold an HTTP connection while they run.
+    for (name, pool) in &state.pools {
+        tally_actors::store::publish_pool_status(name, pool, &state.metrics);
+    }
     if let Err(e) = outbox::refresh_gauges(&state.pool, &state.metrics).await {
         tracing::warn!(error = %e, "Cannot refresh outbox gauges.");
     }

@@ -25,7 +25,10 @@ use crate::config::{HttpConfig, Secret, TopicsConfig};
 
 /// Shared state of both listeners.
 pub struct AppState {
+    /// The HTTP pool (`database.pools.http`): intake and admin requests.
     pub pool: PgPool,
+    /// The pool of every stage that runs here, by name, for the `tally_db_pool_*` gauges.
+    pub pools: Vec<(&'static str, PgPool)>,
     pub topics: TopicsConfig,
     pub metrics: Metrics,
     /// Versions of the embedded migrations, for `/readyz`.

@@ -72,7 +72,7 @@ fn the_stages_bench_reports_every_stage() {
     let server = std::env::var("TALLY_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
     let mut base = Config::default();
     base.database.url = SecretUrl::new(server.clone());
-    base.database.pool_size = 4;
+    base.database.pools = tally_integration_tests::test_pools();
     base.http.workers = 1;
     let prefix = format!("tally_test_stages_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let args = stages::Args {

@@ -18,6 +18,7 @@ mod noida;
 mod notifications;
 mod orders;
 mod outage;
+mod pools;
 mod rebalance;
 mod stuck;
 mod traces;

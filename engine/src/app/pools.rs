@@ -1,0 +1,103 @@
+//! The database pools of one daemon: one per stage ([`DbPool`]), sized by
+//! `[database.pools]`, their connections named `tally-<pool>` in `pg_stat_activity`. Every
+//! pool is lazy: a stage that does not run opens no connection.
+
+use anyhow::Context;
+use tally_actors::store::{build_pool, PgPool, PoolSettings};
+use tracing::{info, warn};
+
+use crate::config::{Config, DbPool};
+
+/// A pool per stage. Each stage takes connections from its own only.
+#[derive(Clone)]
+pub struct Pools {
+    http: PgPool,
+    outbox: PgPool,
+    ledger: PgPool,
+    antifraud: PgPool,
+    projection: PgPool,
+    orders: PgPool,
+    notifications: PgPool,
+}
+
+impl Pools {
+    /// Builds every pool; none opens a connection yet.
+    ///
+    /// # Errors
+    /// When a pool cannot be built.
+    pub fn build(config: &Config) -> anyhow::Result<Self> {
+        let build = |pool: DbPool| {
+            build_pool(&settings(config, pool))
+                .with_context(|| format!("cannot build the {} database pool", pool.name()))
+        };
+        Ok(Self {
+            http: build(DbPool::Http)?,
+            outbox: build(DbPool::Outbox)?,
+            ledger: build(DbPool::Ledger)?,
+            antifraud: build(DbPool::Antifraud)?,
+            projection: build(DbPool::Projection)?,
+            orders: build(DbPool::Orders)?,
+            notifications: build(DbPool::Notifications)?,
+        })
+    }
+
+    /// The pool of `pool`'s stage.
+    #[must_use]
+    pub fn get(&self, pool: DbPool) -> &PgPool {
+        match pool {
+            DbPool::Http => &self.http,
+            DbPool::Outbox => &self.outbox,
+            DbPool::Ledger => &self.ledger,
+            DbPool::Antifraud => &self.antifraud,
+            DbPool::Projection => &self.projection,
+            DbPool::Orders => &self.orders,
+            DbPool::Notifications => &self.notifications,
+        }
+    }
+
+    /// `pools` by name, for the `tally_db_pool_*` gauges.
+    #[must_use]
+    pub fn named(&self, pools: &[DbPool]) -> Vec<(&'static str, PgPool)> {
+        pools.iter().map(|p| (p.name(), self.get(*p).clone())).collect()
+    }
+}
+
+/// How the pool of `pool` is built: its size, the database's timeouts, and
+/// `application_name` `tally-<pool>`.
+fn settings(config: &Config, pool: DbPool) -> PoolSettings {
+    PoolSettings {
+        url: config.database.url.expose().to_owned(),
+        max_size: config.pool_size(pool),
+        statement_timeout: config.database.statement_timeout,
+        connect_timeout: config.database.connect_timeout,
+        application_name: format!("tally-{}", pool.name()),
+    }
+}
+
+/// The pools of the stages `config` runs, HTTP first: a stage that does not run opens no
+/// connection and shows no gauges.
+#[must_use]
+pub fn in_use(config: &Config) -> Vec<DbPool> {
+    let p = &config.pipelines;
+    let runs = |pool: &DbPool| match pool {
+        DbPool::Http => true,
+        DbPool::Outbox => p.outbox,
+        DbPool::Ledger => p.ledger,
+        DbPool::Antifraud => p.antifraud,
+        DbPool::Projection => p.projection,
+        DbPool::Orders => p.orders,
+        DbPool::Notifications => p.notifications && !config.notifications.webhook_url.is_empty(),
+    };
+    DbPool::ALL.into_iter().filter(runs).collect()
+}
+
+/// Logs the size of every pool in `pools` and their sum: the most connections this daemon
+/// opens, besides the outbox's LISTEN connection.
+pub fn log(config: &Config, pools: &[DbPool]) {
+    let sizes: Vec<String> = pools.iter().map(|p| format!("{}={}", p.name(), config.pool_size(*p))).collect();
+    let total: usize = pools.iter().map(|p| config.pool_size(*p)).sum();
+    info!(pools = %sizes.join(" "), total, "Database pools (connections at most).");
+    if config.database.pool_size.is_some() {
+        warn!("database.pool_size is the older name of database.pools.http: it sizes the HTTP pool only.");
+    }
+}
