@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests create a fresh database per test on this server.
 export TALLY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: help run test test-kafka chaos lint fmt migrate broker schema db bench soak noida browser
+.PHONY: help run test test-kafka chaos lint fmt migrate broker schema db bench soak profile noida browser
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -56,6 +56,10 @@ bench: db ## Load scenarios ledger (vs seed-style baseline), e2e, outbox (vs see
 soak: db ## Cost as work grows: 2M transfers over 1M accounts on one daemon, records/s and RSS per window (long; not in bench); SVGs in target/bench/
 	$(CARGO) build --release -p tally-engine --bin tally
 	TALLY__LOG__LEVEL=warn ./target/release/tally bench soak $(BENCH_SOAK_ARGS)
+
+profile: db ## Where the CPU goes end to end: perf over `tally bench e2e` (PROFILE_ARGS), CPU per process, thread and function in target/bench/profile/
+	$(CARGO) build --release -p tally-engine --bin tally
+	scripts/profile.sh $(PROFILE_ARGS)
 
 broker: ## Run a standalone in-memory Kafka broker on 127.0.0.1:19092
 	$(CARGO) run -p tally-engine --bin tally -- broker --listen 127.0.0.1:19092

@@ -142,17 +142,26 @@ impl Target {
         accounts: usize,
         runtime: &tokio::runtime::Runtime,
     ) -> anyhow::Result<Self> {
-        let url = config.database.url.expose().to_owned();
-        let daemon = crate::spawn(config, cluster.embedded())?;
-        let intake = format!("http://{}", daemon.intake_addr);
-        let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
-        let target = Self { daemon, url, intake, client, accounts };
+        let target = Self::unwarmed(config, cluster, clients, accounts)?;
         runtime.block_on(async {
             target.post(0).await?;
             wait_final(&target.url, None, Duration::from_secs(120)).await?;
             clear(&target.url).await
         })?;
         Ok(target)
+    }
+
+    /// [`Target::start`] without the warm-up transfer: for a daemon whose pipelines do not
+    /// take a transfer to a final status (the intake alone).
+    ///
+    /// # Errors
+    /// When the daemon does not start.
+    pub fn unwarmed(config: Config, cluster: &Cluster, clients: usize, accounts: usize) -> anyhow::Result<Self> {
+        let url = config.database.url.expose().to_owned();
+        let daemon = crate::spawn(config, cluster.embedded())?;
+        let intake = format!("http://{}", daemon.intake_addr);
+        let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
+        Ok(Self { daemon, url, intake, client, accounts })
     }
 
     async fn post(&self, n: usize) -> anyhow::Result<()> {
@@ -186,7 +195,7 @@ impl Target {
 
     /// POSTs for the phase; returns how many were sent, each one's latency in ms, and how
     /// many failed.
-    async fn send(&self, load: &Load, name: &str) -> anyhow::Result<(usize, Vec<f64>, usize)> {
+    pub(crate) async fn send(&self, load: &Load, name: &str) -> anyhow::Result<(usize, Vec<f64>, usize)> {
         let permits = Arc::new(Semaphore::new(if load.rate.is_some() { 1_000 } else { load.clients }));
         let started = Instant::now();
         let until = started + Duration::from_secs(load.seconds);

@@ -8,6 +8,7 @@
 //!
 //! | stage | input | done when |
 //! |---|---|---|
+//! | intake | N `POST /transfers` from `--clients` clients, every pipeline off | every POST answered |
 //! | outbox drain | N committed, unpublished outbox rows | every row has `published_at` |
 //! | antifraud | N `TransferRequested` records on `transfers.requested` | N rows in `antifraud_decisions` |
 //! | ledger | N `TransferAnalyzed` records, as [`super::ledger`] makes them | N records completed |
@@ -42,10 +43,18 @@
 //! ([`seed_configuration`]); the outbox's one-batch-per-poll relay of `tally bench outbox`
 //! is not part of it.
 //!
+//! The intake's records/s is N over the sending time (first POST sent to last answered);
+//! its p50/p99 are the POSTs' response times.
+//!
 //! The ratios are reported, never asserted: e2e sustained over the slowest stage alone
-//! among those a transfer passes to its final status (notifications are a side branch the
-//! e2e runs do not start: they have no webhook) (target >= 0.5), e2e over the seed
-//! configuration's e2e (target >= 10), and the e2e's slowest hop at p50.
+//! among the pipelines a transfer passes to its final status (notifications are a side
+//! branch the e2e runs do not start: they have no webhook) (target >= 0.5), the same with
+//! the intake counted as a stage, e2e over the seed configuration's e2e (target >= 10), and
+//! the e2e's slowest hop at p50. One more bound puts the first in proportion: every stage
+//! of e2e runs on the same cores at once, so if each stage alone is bound by the machine,
+//! e2e cannot pass the **shared-machine bound** 1 / (sum over the path's stages, intake
+//! included, of 1 / records/s alone): the rate at which one machine could do each stage's
+//! work for every transfer, one stage after another.
 //!
 //! With `--broker noida` every run has a fresh noida-db process instead of the embedded
 //! broker ([`super::cluster`]): real transactions, so antifraud's `read_committed` reads
@@ -87,6 +96,7 @@ pub struct Args {
 /// A pipeline the bench runs alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
+    Intake,
     Outbox,
     Antifraud,
     Ledger,
@@ -96,12 +106,14 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in the order of a transfer's life.
-    pub const ALL: [Self; 5] = [Self::Outbox, Self::Antifraud, Self::Ledger, Self::Projection, Self::Notifications];
+    pub const ALL: [Self; 6] =
+        [Self::Intake, Self::Outbox, Self::Antifraud, Self::Ledger, Self::Projection, Self::Notifications];
 
     /// The pipeline's name (its metrics label).
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
+            Self::Intake => "intake",
             Self::Outbox => "outbox",
             Self::Antifraud => "antifraud",
             Self::Ledger => "ledger",
@@ -116,7 +128,8 @@ impl Stage {
         self != Self::Notifications
     }
 
-    /// The pipeline switches that run this stage and nothing else.
+    /// The pipeline switches that run this stage and nothing else (for the intake: none,
+    /// its HTTP listener always runs).
     #[must_use]
     pub fn alone(self) -> PipelinesConfig {
         PipelinesConfig {
@@ -131,13 +144,15 @@ impl Stage {
 }
 
 /// The seed configuration: the classic settings every stage started from (the outbox
-/// polled every 200 ms in batches of 100 by one loop without LISTEN, one transfer per
-/// ledger transaction and one at a time, one record per antifraud transaction).
+/// polled every 200 ms in batches of 100 by one loop without LISTEN, one transaction per
+/// intake request, one transfer per ledger transaction and one at a time, one record per
+/// antifraud transaction).
 pub fn seed_configuration(config: &mut Config) {
     config.outbox.batch_size = 100;
     config.outbox.poll_interval = Duration::from_millis(200);
     config.outbox.listen = false;
     config.outbox.concurrency = 1;
+    config.http.intake_batch_max = 1;
     config.ledger.batch_size = 1;
     config.ledger.max_concurrent_batches = 1;
     config.antifraud.batch_max_records = 1;
@@ -168,6 +183,13 @@ pub struct Ratios {
     /// e2e sustained / the slowest stage alone.
     pub e2e_over_slowest_stage: Option<f64>,
     pub e2e_over_slowest_stage_target: f64,
+    /// The slowest stage alone with the intake counted as one, and e2e over it.
+    pub slowest_stage_with_intake: String,
+    pub e2e_over_slowest_stage_with_intake: Option<f64>,
+    /// 1 / (sum of 1 / records/s alone over the path's stages, intake included): what one
+    /// machine doing every stage's work in turn would sustain.
+    pub shared_bound_per_second: f64,
+    pub e2e_over_shared_bound: Option<f64>,
     /// e2e sustained / seed configuration's e2e sustained.
     pub e2e_over_seed: Option<f64>,
     pub e2e_over_seed_target: f64,
@@ -194,6 +216,7 @@ pub struct Report {
 const HANDLER: &str = "handler time per record (dispatch -> done)";
 const POST_TO_FINAL: &str = "POST -> final status";
 const NONE: &str = "not measured per record";
+const POST: &str = "POST /transfers -> answered";
 
 /// Runs the scenario: the table on stdout, the JSON under `target/bench/`.
 ///
@@ -228,8 +251,8 @@ pub fn measure(base: &Config, args: &Args) -> anyhow::Result<Report> {
     let seed_e2e = end_to_end(base, args, &runtime, true)?;
     stages.push(phase_row("e2e", &e2e));
     stages.push(phase_row("e2e, seed configuration", &seed_e2e));
-    let path: Vec<&StageReport> =
-        Stage::ALL.iter().zip(&stages).filter(|(stage, _)| stage.on_transfer_path()).map(|(_, r)| r).collect();
+    let path: Vec<(Stage, &StageReport)> =
+        Stage::ALL.into_iter().zip(&stages).filter(|(stage, _)| stage.on_transfer_path()).collect();
     let ratios = ratios(&path, &e2e, &seed_e2e);
     Ok(Report {
         scenario: "stages",
@@ -276,11 +299,23 @@ fn phase_row(title: &str, phase: &Phase) -> StageReport {
     }
 }
 
-fn ratios(alone: &[&StageReport], e2e: &Phase, seed: &Phase) -> Ratios {
+fn ratios(path: &[(Stage, &StageReport)], e2e: &Phase, seed: &Phase) -> Ratios {
     let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
-    let slowest = alone.iter().min_by(|a, b| a.records_per_second.total_cmp(&b.records_per_second));
-    let (slowest_stage, slowest_rate) =
-        slowest.map_or((String::new(), 0.0), |s| (s.stage.clone(), s.records_per_second));
+    let slowest = |with_intake: bool| {
+        path.iter()
+            .filter(|(stage, _)| with_intake || *stage != Stage::Intake)
+            .map(|(_, r)| r)
+            .min_by(|a, b| a.records_per_second.total_cmp(&b.records_per_second))
+            .map_or((String::new(), 0.0), |s| (s.stage.clone(), s.records_per_second))
+    };
+    let (slowest_stage, slowest_rate) = slowest(false);
+    let (slowest_with_intake, slowest_with_intake_rate) = slowest(true);
+    let seconds_per_record: f64 = path
+        .iter()
+        .map(|(_, r)| if r.records_per_second > 0.0 { 1.0 / r.records_per_second } else { f64::INFINITY })
+        .sum();
+    let shared_bound =
+        if seconds_per_record.is_finite() && seconds_per_record > 0.0 { 1.0 / seconds_per_record } else { 0.0 };
     let hop = e2e
         .hops
         .iter()
@@ -291,6 +326,10 @@ fn ratios(alone: &[&StageReport], e2e: &Phase, seed: &Phase) -> Ratios {
         slowest_stage_per_second: slowest_rate,
         e2e_over_slowest_stage: ratio(e2e.sustained_per_second, slowest_rate),
         e2e_over_slowest_stage_target: 0.5,
+        slowest_stage_with_intake: slowest_with_intake,
+        e2e_over_slowest_stage_with_intake: ratio(e2e.sustained_per_second, slowest_with_intake_rate),
+        shared_bound_per_second: shared_bound,
+        e2e_over_shared_bound: ratio(e2e.sustained_per_second, shared_bound),
         e2e_over_seed: ratio(e2e.sustained_per_second, seed.sustained_per_second),
         e2e_over_seed_target: 10.0,
         slowest_hop: hop.map(|h| h.name.to_owned()),
@@ -328,6 +367,12 @@ fn print_table(r: &Report) {
         opt(x.e2e_over_slowest_stage),
         x.e2e_over_slowest_stage_target
     );
+    println!(
+        "e2e / slowest stage alone, the intake counted ({}): {}",
+        x.slowest_stage_with_intake,
+        opt(x.e2e_over_slowest_stage_with_intake)
+    );
+    println!("e2e / shared-machine bound ({:.0}/s): {}", x.shared_bound_per_second, opt(x.e2e_over_shared_bound));
     println!("e2e / seed e2e: {}x (target >= {}x)", opt(x.e2e_over_seed), x.e2e_over_seed_target);
     println!("slowest hop at p50 (e2e): {} {} ms", x.slowest_hop.as_deref().unwrap_or("-"), opt(x.slowest_hop_p50_ms));
 }

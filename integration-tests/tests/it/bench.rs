@@ -64,7 +64,7 @@ async fn the_hop_breakdown_reads_each_stages_time() {
     );
 }
 
-/// Every stage alone, e2e and e2e in the seed configuration, at tiny sizes on the embedded
+/// Every stage alone (the intake first), e2e and e2e in the seed configuration, at tiny sizes on the embedded
 /// broker (librdkafka's mock cluster): each is in the report with records done and a rate.
 /// Timings are never asserted.
 #[test]
@@ -93,14 +93,28 @@ fn the_stages_bench_reports_every_stage() {
     let names: Vec<&str> = rows.iter().map(|r| r["stage"].as_str().unwrap_or("?")).collect();
     assert_eq!(
         names,
-        ["outbox drain", "antifraud", "ledger", "projection", "notifications", "e2e", "e2e, seed configuration"]
+        [
+            "intake",
+            "outbox drain",
+            "antifraud",
+            "ledger",
+            "projection",
+            "notifications",
+            "e2e",
+            "e2e, seed configuration"
+        ]
     );
     for row in rows {
         let records = row["records"].as_u64().unwrap_or(0);
         let rate = row["recordsPerSecond"].as_f64().unwrap_or(0.0);
         assert!(records > 0 && rate > 0.0, "{row}");
     }
-    assert!(report["ratios"]["e2eOverSeed"].is_number(), "{}", report["ratios"]);
+    let ratios = &report["ratios"];
+    assert!(ratios["e2eOverSeed"].is_number() && ratios["e2eOverSharedBound"].is_number(), "{ratios}");
+    // The shared-machine bound is below every stage's rate alone (a sum of their costs).
+    let bound = ratios["sharedBoundPerSecond"].as_f64().unwrap_or(0.0);
+    let mut path = rows.iter().take(5).map(|r| r["recordsPerSecond"].as_f64().unwrap_or(0.0));
+    assert!(path.all(|rate| bound > 0.0 && bound < rate), "{ratios}");
 }
 
 /// `tally bench soak` at a tiny size through the binary (the daemon a child of it, as in

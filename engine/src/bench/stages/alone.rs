@@ -2,21 +2,22 @@
 //! daemon starts, and the span from its first to its last finished record.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::{web, App, HttpResponse, HttpServer};
-use anyhow::Context;
+use anyhow::{bail, Context};
 use chrono::Utc;
 use serde::Serialize;
 use tally_schema::events::{TransferRejected, TransferRequested, TransferSettled};
 use tally_schema::{derived_event_id, EventType};
 use uuid::Uuid;
 
-use super::{Args, Stage, StageReport, HANDLER, NONE};
+use super::{Args, Stage, StageReport, HANDLER, NONE, POST};
 use crate::bench::cluster::Cluster;
+use crate::bench::e2e::{Load, Target};
 use crate::bench::{
     account, connect, daemon_config, fresh_database, histogram_quantile, http_get, ledger, outbox, pair, produce_all,
-    wait_for_zero, Outgoing, ACCOUNT_ID_SQL,
+    quantile, wait_for_zero, Outgoing, ACCOUNT_ID_SQL,
 };
 use crate::config::{Config, Secret};
 
@@ -27,6 +28,7 @@ pub(super) fn alone(
     stage: Stage,
 ) -> anyhow::Result<StageReport> {
     match stage {
+        Stage::Intake => intake(base, args, runtime),
         Stage::Outbox => outbox_drain(base, args, runtime),
         Stage::Antifraud => antifraud(base, args, runtime),
         Stage::Ledger => ledger_alone(base, args, runtime),
@@ -80,6 +82,31 @@ impl Done {
              FROM (SELECT min({column}) AS first, max({column}) AS last FROM {table} WHERE {rows}) AS s"
         )
     }
+}
+
+/// The intake alone: every pipeline off, `--records` POSTs from `--clients` clients.
+fn intake(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StageReport> {
+    let bed = bed(base, args, runtime, Stage::Intake)?;
+    let target = Target::unwarmed(bed.config.clone(), &bed.cluster, args.clients, args.accounts)?;
+    let load = Load { rate: None, seconds: 1_800, clients: args.clients, limit: Some(args.records) };
+    let started = Instant::now();
+    let sent = runtime.block_on(target.send(&load, "intake alone"));
+    let seconds = started.elapsed().as_secs_f64();
+    target.daemon.stop();
+    let (sent, mut post_ms, errors) = sent?;
+    if errors > 0 {
+        bail!("intake alone: {errors} of {sent} POSTs failed");
+    }
+    post_ms.sort_by(f64::total_cmp);
+    Ok(StageReport {
+        stage: bed.stage.name().into(),
+        records: sent as u64,
+        records_per_second: sent as f64 / seconds,
+        seconds,
+        p50_ms: quantile(&post_ms, 0.5),
+        p99_ms: quantile(&post_ms, 0.99),
+        latency: POST,
+    })
 }
 
 fn outbox_drain(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StageReport> {
