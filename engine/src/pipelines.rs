@@ -14,6 +14,7 @@ use tally_actors::ledger::{BatchSettler, LedgerHandler, LedgerTopics, Settlement
 use tally_actors::notify::{Notifier, NotifierSettings};
 use tally_actors::orders::OrderMaterializer;
 use tally_actors::projection::StatusProjector;
+use tally_actors::store::group_commit::GroupCommitSettings;
 use tally_actors::store::PgPool;
 use tally_actors::supervise::{DeadLetters, Supervision};
 use tally_actors::Metrics;
@@ -212,7 +213,12 @@ impl Wiring<'_> {
         let supervision = self.supervision(DbPool::Projection, "projection", &cfg.group_id, &cfg.retry, &stopping);
         Pipeline::start(
             spec,
-            Arc::new(StatusProjector::new(self.pool(DbPool::Projection), topics.transfers_settled.clone())),
+            Arc::new(StatusProjector::new(
+                self.pool(DbPool::Projection),
+                topics.transfers_settled.clone(),
+                GroupCommitSettings { max_batch: cfg.batch_max, writers: cfg.writers },
+                &self.metrics,
+            )),
             supervision,
             stopping,
             self.metrics.clone(),

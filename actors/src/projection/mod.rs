@@ -4,15 +4,21 @@
 
 use std::sync::Arc;
 
+use diesel_async::pooled_connection::deadpool::PoolError;
+use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use tally_schema::events::{TransferRejected, TransferSettled};
 use tally_schema::models::status;
 use tracing::field::display;
 use uuid::Uuid;
 
 use crate::consume::Record;
-use crate::store::{transfers, PgPool};
-use crate::supervise::{HandlerError, RecordHandler};
+use crate::metrics::Metrics;
+use crate::store::group_commit::{Batch, GroupCommit, GroupCommitSettings};
+use crate::store::transfers::{self, Finish};
+use crate::store::PgPool;
+use crate::supervise::{ErrorClass, HandlerError, RecordHandler};
 use crate::trace;
 
 /// The final state an event asks for.
@@ -43,34 +49,57 @@ pub fn decode(record: &Record, settled_topic: &str) -> Result<StatusChange, Hand
     }
 }
 
-/// Applies `change`; returns whether a PENDING transfer moved.
-///
-/// # Errors
-/// Any database error.
-pub async fn apply(pool: &PgPool, change: &StatusChange) -> Result<bool, HandlerError> {
-    let mut conn = pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
-    transfers::finish(&mut conn, change.transfer_id, change.status, change.reason.as_deref())
-        .await
-        .map_err(|e| HandlerError::classified("database error", &e))
+/// The projection's writes for [`GroupCommit`]: status moves of records handled while the
+/// writers are busy share one statement.
+pub struct StatusBatch;
+
+impl Batch for StatusBatch {
+    type Item = Finish;
+    type Outcome = bool;
+    type Error = HandlerError;
+
+    fn write<'a>(
+        &'a self,
+        conn: &'a mut AsyncPgConnection,
+        items: &'a [Finish],
+    ) -> BoxFuture<'a, Result<Vec<bool>, HandlerError>> {
+        async move { transfers::finish_all(conn, items).await.map_err(|e| HandlerError::classified("database error", &e)) }
+            .boxed()
+    }
+
+    fn no_connection(&self, error: &PoolError) -> HandlerError {
+        HandlerError::classified("no database connection", error)
+    }
+
+    fn stopped(&self) -> HandlerError {
+        HandlerError::transient("the projection's writers have stopped")
+    }
+
+    /// Unless the database is down: one record's poison then fails that record alone.
+    fn split(&self, error: &HandlerError) -> bool {
+        error.class != ErrorClass::Unavailable
+    }
 }
 
 /// The projection handler.
 pub struct StatusProjector {
-    pool: PgPool,
+    writes: GroupCommit<StatusBatch>,
     settled_topic: String,
 }
 
 impl StatusProjector {
+    /// Starts the group commit of its writes (on the current actix system) over `pool`.
     #[must_use]
-    pub fn new(pool: PgPool, settled_topic: String) -> Self {
-        Self { pool, settled_topic }
+    pub fn new(pool: PgPool, settled_topic: String, settings: GroupCommitSettings, metrics: &Metrics) -> Self {
+        let writes = GroupCommit::start(StatusBatch, pool, settings, metrics.projection_batch_size.clone());
+        Self { writes, settled_topic }
     }
 }
 
 impl RecordHandler for StatusProjector {
     /// Applies the change inside the record's `projection.apply` span.
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
-        let pool = self.pool.clone();
+        let writes = self.writes.clone();
         let span = trace::hop_span!("projection.apply", record.topic.as_str());
         trace::join(&span, record.traceparent());
         let decoded = decode(&record, &self.settled_topic);
@@ -81,7 +110,9 @@ impl RecordHandler for StatusProjector {
             let change = decoded?;
             // Unchanged: a duplicate, a late event after a final state, or a transfer this
             // database does not hold.
-            Ok(if apply(&pool, &change).await? { "projected" } else { "unchanged" })
+            let moved =
+                writes.submit(Finish { id: change.transfer_id, status: change.status, reason: change.reason }).await?;
+            Ok(if moved { "projected" } else { "unchanged" })
         })
     }
 }

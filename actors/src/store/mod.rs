@@ -14,12 +14,14 @@
 //! | `dead_letters.rs` | `dead_letters` |
 //! | `lookup.rs` | all of them, read-only: one transfer's story, for the operator console |
 //! | `check.rs` | all of them, read-only: the ledger invariants |
+//! | `group_commit.rs` | none of its own: batches the writes of many callers into one transaction |
 //! | `pool.rs`, `migrate.rs` | connections (a pool per stage, its gauges); `__diesel_schema_migrations` |
 
 pub mod accounts;
 pub mod check;
 pub mod dead_letters;
 pub mod decisions;
+pub mod group_commit;
 pub mod lookup;
 pub mod migrate;
 pub mod notifications;

@@ -1,8 +1,8 @@
-//! The `transfers` table: the intake's rows (created with their outbox row in one
-//! transaction), lookups, the status projection's one-way move out of PENDING, and what
+//! The `transfers` table: the intake's rows (created with their outbox rows in one
+//! transaction per batch), lookups, the status projection's one-way move out of PENDING, and what
 //! the ledger reads of the intake's rows before it settles.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use chrono::Utc;
 use diesel::prelude::*;
@@ -11,12 +11,12 @@ use diesel::QueryableByName;
 use diesel_async::scoped_futures::ScopedFutureExt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use tally_schema::events::{derived_event_id, TransferRequested};
-use tally_schema::models::{status, NewOutboxEvent, Transfer};
+use tally_schema::models::{status, Transfer};
 use tally_schema::schema::transfers;
 use tally_schema::EventType;
 use uuid::Uuid;
 
-use super::outbox;
+use super::outbox::{self, OutboxColumns};
 
 /// A validated transfer request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,73 +51,137 @@ pub enum Created {
 /// event of a transfer, so its outbox row is found by primary key.
 pub const REQUESTED_KIND: &str = "requested";
 
-/// Inserts the transfer (PENDING) and its `TransferRequested` outbox row in one
-/// transaction, honouring `idempotency_key`.
+/// One transfer request of [`create_transfers`], with what came with it over HTTP.
+#[derive(Debug, Clone)]
+pub struct Intake {
+    pub request: TransferRequest,
+    pub idempotency_key: Option<String>,
+    pub traceparent: Option<String>,
+}
+
+/// Inserts the transfers (PENDING) of `batch` and their `TransferRequested` outbox rows in
+/// one transaction, honouring each request's idempotency key; answers one [`Created`] per
+/// request, in order. Either every request's outcome is committed or none is.
+///
+/// Requests of one batch that share an idempotency key are answered as if they had come
+/// one after the other: the first is written (or replays an older transfer), the others
+/// replay it or conflict with it.
 ///
 /// # Errors
 /// When the database fails; nothing is written then.
-pub async fn create_transfer(
+pub async fn create_transfers(
     conn: &mut AsyncPgConnection,
-    req: &TransferRequest,
-    idempotency_key: Option<&str>,
+    batch: &[Intake],
     topic: &str,
-    traceparent: Option<String>,
-) -> Result<Created, diesel::result::Error> {
+) -> Result<Vec<Created>, diesel::result::Error> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
     conn.transaction(|conn| {
         async move {
             let now = Utc::now();
-            let row = Transfer {
-                id: Uuid::now_v7(),
-                source_account: req.source_account.clone(),
-                destination_account: req.destination_account.clone(),
-                amount_cents: req.amount_cents,
-                currency: req.currency.clone(),
-                status: status::PENDING.into(),
-                rejection_reason: None,
-                idempotency_key: idempotency_key.map(str::to_owned),
-                created_at: now,
-                updated_at: now,
-            };
-            let inserted: Option<Transfer> = diesel::insert_into(transfers::table)
-                .values(&row)
+            let rows: Vec<Transfer> = batch.iter().map(|intake| new_row(intake, now)).collect();
+            // Only the first request of each key is offered to the insert.
+            let mut seen = HashSet::new();
+            let offered: Vec<&Transfer> =
+                rows.iter().filter(|t| t.idempotency_key.as_deref().is_none_or(|k| seen.insert(k))).collect();
+            let mut inserted: HashMap<Uuid, Transfer> = diesel::insert_into(transfers::table)
+                .values(offered)
                 .on_conflict(transfers::idempotency_key)
                 .do_nothing()
                 .returning(Transfer::as_returning())
-                .get_result(conn)
-                .await
-                .optional()?;
-            let Some(transfer) = inserted else {
-                let existing: Transfer = transfers::table
-                    .filter(transfers::idempotency_key.eq(idempotency_key))
-                    .select(Transfer::as_select())
-                    .first(conn)
-                    .await?;
-                return Ok(if req.matches(&existing) { Created::Replayed(existing) } else { Created::KeyConflict });
-            };
-            let event = TransferRequested {
-                event_id: derived_event_id(REQUESTED_KIND, transfer.id),
-                transfer_id: transfer.id,
-                source_account: transfer.source_account.clone(),
-                destination_account: transfer.destination_account.clone(),
-                amount_cents: transfer.amount_cents,
-                currency: transfer.currency.clone(),
-                requested_at: transfer.created_at,
-            };
-            let outbox = NewOutboxEvent::new(
-                event.event_id,
-                topic,
-                &transfer.source_account,
-                EventType::TransferRequested,
-                &event,
-                traceparent,
-            )
-            .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
-            outbox::insert(conn, &outbox).await?;
-            Ok(Created::New(transfer))
+                .get_results(conn)
+                .await?
+                .into_iter()
+                .map(|t| (t.id, t))
+                .collect();
+            let by_key = keyed_transfers(conn, rows.iter().filter(|t| !inserted.contains_key(&t.id))).await?;
+            let mut outcomes = Vec::with_capacity(batch.len());
+            let mut events = OutboxColumns::default();
+            for (row, intake) in rows.iter().zip(batch) {
+                if let Some(transfer) = inserted.remove(&row.id) {
+                    push_requested(&mut events, &transfer, topic, intake.traceparent.clone())?;
+                    outcomes.push(Created::New(transfer));
+                    continue;
+                }
+                // Not inserted: its key is taken, by an older transfer or by this batch's.
+                let existing = row
+                    .idempotency_key
+                    .as_deref()
+                    .and_then(|key| by_key.get(key))
+                    .ok_or(diesel::result::Error::NotFound)?;
+                outcomes.push(if intake.request.matches(existing) {
+                    Created::Replayed(existing.clone())
+                } else {
+                    Created::KeyConflict
+                });
+            }
+            outbox::insert_columns(conn, &events).await?;
+            Ok(outcomes)
         }
         .scope_boxed()
     })
     .await
+}
+
+fn new_row(intake: &Intake, now: chrono::DateTime<Utc>) -> Transfer {
+    let req = &intake.request;
+    Transfer {
+        id: Uuid::now_v7(),
+        source_account: req.source_account.clone(),
+        destination_account: req.destination_account.clone(),
+        amount_cents: req.amount_cents,
+        currency: req.currency.clone(),
+        status: status::PENDING.into(),
+        rejection_reason: None,
+        idempotency_key: intake.idempotency_key.clone(),
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+/// The transfers holding the idempotency keys of `rows` (committed, or written by this
+/// transaction), by key.
+async fn keyed_transfers(
+    conn: &mut AsyncPgConnection,
+    rows: impl Iterator<Item = &Transfer>,
+) -> Result<HashMap<String, Transfer>, diesel::result::Error> {
+    let keys: Vec<&str> = rows.filter_map(|t| t.idempotency_key.as_deref()).collect();
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let found: Vec<Transfer> = transfers::table
+        .filter(transfers::idempotency_key.eq_any(keys))
+        .select(Transfer::as_select())
+        .load(conn)
+        .await?;
+    Ok(found.into_iter().filter_map(|t| Some((t.idempotency_key.clone()?, t))).collect())
+}
+
+/// Adds `transfer`'s `TransferRequested` outbox row to `events`.
+fn push_requested(
+    events: &mut OutboxColumns,
+    transfer: &Transfer,
+    topic: &str,
+    traceparent: Option<String>,
+) -> Result<(), diesel::result::Error> {
+    let event = TransferRequested {
+        event_id: derived_event_id(REQUESTED_KIND, transfer.id),
+        transfer_id: transfer.id,
+        source_account: transfer.source_account.clone(),
+        destination_account: transfer.destination_account.clone(),
+        amount_cents: transfer.amount_cents,
+        currency: transfer.currency.clone(),
+        requested_at: transfer.created_at,
+    };
+    let payload = serde_json::to_string(&event).map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
+    events.id.push(event.event_id);
+    events.topic.push(topic.to_owned());
+    events.key.push(transfer.source_account.clone());
+    events.event_type.push(EventType::TransferRequested.as_str().to_owned());
+    events.payload.push(payload);
+    events.traceparent.push(traceparent);
+    Ok(())
 }
 
 /// # Errors
@@ -126,27 +190,49 @@ pub async fn find_transfer(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Opt
     transfers::table.find(id).select(Transfer::as_select()).first(conn).await.optional()
 }
 
-/// Moves a PENDING transfer to its final `status` (with `reason` for a rejection); returns
-/// whether it moved. Idempotent and monotonic: a final transfer never moves again.
+/// A transfer's move to a final status, for [`finish_all`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    pub id: Uuid,
+    pub status: &'static str,
+    pub reason: Option<String>,
+}
+
+/// Moves every PENDING transfer of `moves` to its final status (with the reason of a
+/// rejection), in one statement; whether each moved, in order. Idempotent and monotonic:
+/// a final transfer never moves again, and of several moves of one transfer only the
+/// first can move it, as if they came one after the other.
 ///
 /// # Errors
-/// Any database error.
-pub async fn finish(
-    conn: &mut AsyncPgConnection,
-    id: Uuid,
-    status: &str,
-    reason: Option<&str>,
-) -> Result<bool, diesel::result::Error> {
-    let moved = diesel::sql_query(
-        "UPDATE transfers SET status = $2, rejection_reason = $3, updated_at = now() \
-         WHERE id = $1 AND status = 'PENDING'",
+/// Any database error; then none moved.
+pub async fn finish_all(conn: &mut AsyncPgConnection, moves: &[Finish]) -> Result<Vec<bool>, diesel::result::Error> {
+    let mut seen = HashSet::new();
+    let first: Vec<&Finish> = moves.iter().filter(|m| seen.insert(m.id)).collect();
+    let ids: Vec<Uuid> = first.iter().map(|m| m.id).collect();
+    let statuses: Vec<&str> = first.iter().map(|m| m.status).collect();
+    let reasons: Vec<Option<&str>> = first.iter().map(|m| m.reason.as_deref()).collect();
+    let moved: HashSet<Uuid> = diesel::sql_query(
+        "UPDATE transfers t SET status = u.status, rejection_reason = u.reason, updated_at = now() \
+         FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, status, reason) \
+         WHERE t.id = u.id AND t.status = 'PENDING' \
+         RETURNING t.id",
     )
-    .bind::<SqlUuid, _>(id)
-    .bind::<Text, _>(status)
-    .bind::<Nullable<Text>, _>(reason)
-    .execute(conn)
-    .await?;
-    Ok(moved == 1)
+    .bind::<Array<SqlUuid>, _>(&ids)
+    .bind::<Array<Text>, _>(&statuses)
+    .bind::<Array<Nullable<Text>>, _>(&reasons)
+    .load::<MovedId>(conn)
+    .await?
+    .into_iter()
+    .map(|m| m.id)
+    .collect();
+    let mut answered = HashSet::new();
+    Ok(moves.iter().map(|m| answered.insert(m.id) && moved.contains(&m.id)).collect())
+}
+
+#[derive(QueryableByName)]
+struct MovedId {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
 }
 
 /// What tally already knows of a transfer besides the event: the intake's row (when the

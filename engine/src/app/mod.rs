@@ -13,12 +13,14 @@ use anyhow::Context;
 use rdkafka::producer::FutureProducer;
 use tally_actors::ledger::Settler;
 use tally_actors::outbox::{self, OutboxPublisher, OutboxRelay, PublisherSettings, StopPublishing};
+use tally_actors::store::group_commit::{GroupCommit, GroupCommitSettings};
 use tally_actors::Metrics;
 use tokio::sync::watch;
 use tracing::info;
 
 use crate::broker::{self, EmbeddedBroker};
 use crate::config::{Config, DbPool};
+use crate::http::intake::IntakeBatch;
 use crate::http::{self, AppState};
 use crate::kafka;
 use crate::pipelines;
@@ -211,9 +213,16 @@ pub async fn start_with(
         metrics.dlt_records_total.with_label_values(&[&dlt]).inc_by(0);
     }
     let (state_dropped_tx, state_dropped) = std::sync::mpsc::channel();
+    let intake = GroupCommit::start(
+        IntakeBatch { topic: config.kafka.topics.transfers_requested.clone() },
+        pools.get(DbPool::Http).clone(),
+        GroupCommitSettings { max_batch: config.http.intake_batch_max, writers: config.http.intake_writers },
+        metrics.intake_batch_size.clone(),
+    );
     let state = web::Data::new(AppState {
         pool: pools.get(DbPool::Http).clone(),
         pools: pools.named(&running_pools),
+        intake,
         topics: config.kafka.topics.clone(),
         metrics,
         expected_migrations,

@@ -12,6 +12,12 @@ pub struct HttpConfig {
     pub admin_token: Secret,
     pub body_limit_bytes: usize,
     pub workers: usize,
+    /// Most `POST /transfers` requests written in one database transaction: requests that
+    /// arrive while the writers are busy are grouped, up to this many. 1 gives every
+    /// request its own transaction.
+    pub intake_batch_max: usize,
+    /// Intake transactions in flight at once, each on its own connection.
+    pub intake_writers: usize,
 }
 
 impl Default for HttpConfig {
@@ -22,6 +28,8 @@ impl Default for HttpConfig {
             admin_token: Secret::default(),
             body_limit_bytes: 16 * 1024,
             workers: 2,
+            intake_batch_max: 128,
+            intake_writers: 2,
         }
     }
 }
@@ -36,6 +44,12 @@ impl HttpConfig {
         }
         if !(1..=64).contains(&self.workers) {
             return invalid("http.workers", "must be between 1 and 64");
+        }
+        if !(1..=1000).contains(&self.intake_batch_max) {
+            return invalid("http.intake_batch_max", "must be between 1 and 1000");
+        }
+        if !(1..=64).contains(&self.intake_writers) {
+            return invalid("http.intake_writers", "must be between 1 and 64");
         }
         Ok(())
     }

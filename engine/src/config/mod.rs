@@ -189,6 +189,21 @@ mod tests {
     }
 
     #[test]
+    fn group_commit_sizes_are_validated_with_the_key_named() {
+        let c = with("[http]\nintake_batch_max = 1\nintake_writers = 16\n[projection]\nbatch_max = 1").unwrap();
+        assert_eq!((c.http.intake_batch_max, c.http.intake_writers, c.projection.batch_max), (1, 16, 1));
+        for (toml, key) in [
+            ("[http]\nintake_batch_max = 0", "http.intake_batch_max"),
+            ("[http]\nintake_writers = 0", "http.intake_writers"),
+            ("[projection]\nbatch_max = 0", "projection.batch_max"),
+            ("[projection]\nwriters = 65", "projection.writers"),
+        ] {
+            let e = with(toml).unwrap_err().to_string();
+            assert!(e.contains(key), "{toml}: {e}");
+        }
+    }
+
+    #[test]
     fn consumers_on_the_embedded_broker_wait_less_for_empty_fetches() {
         let wait =
             |c: &Config| c.kafka.clients("b:9092").group_consumer("ledger").get("fetch.wait.max.ms").map(str::to_owned);

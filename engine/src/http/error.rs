@@ -7,7 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde_json::json;
 use tracing::error;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ApiError {
     /// The body is not valid JSON or does not have the expected shape.

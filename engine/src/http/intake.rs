@@ -2,6 +2,10 @@
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
+use diesel_async::pooled_connection::deadpool::PoolError;
+use diesel_async::AsyncPgConnection;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use tally_actors::trace;
 use tally_schema::models::{Account, Posting, Transfer};
@@ -14,7 +18,8 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::AppState;
 use tally_actors::store::accounts;
-use tally_actors::store::transfers::{self, Created, TransferRequest};
+use tally_actors::store::group_commit::Batch;
+use tally_actors::store::transfers::{self, Created, Intake, TransferRequest};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -78,7 +83,8 @@ impl From<Transfer> for TransferView {
 
 /// `POST /transfers`: 201 with the transfer; with `Idempotency-Key`, a replay of the same
 /// request answers 200 with the original and a different request 409. Nothing is written
-/// unless 201.
+/// unless 201. The write shares a transaction with the requests that arrived meanwhile
+/// ([`IntakeBatch`]).
 ///
 /// Runs inside the `http.transfer` span, the first hop of the transfer's trace: a child of
 /// the request's `traceparent` when it has a valid one, else the root of a new trace. The
@@ -111,15 +117,7 @@ async fn accept_transfer(
 ) -> Result<(&'static str, Uuid, HttpResponse), ApiError> {
     let key = idempotency_key(&req)?;
     let request = body.into_inner().validate(state.max_balance_cents)?;
-    let mut conn = state.pool.get().await?;
-    let created = transfers::create_transfer(
-        &mut conn,
-        &request,
-        key.as_deref(),
-        &state.topics.transfers_requested,
-        Some(traceparent),
-    )
-    .await?;
+    let created = state.intake.submit(Intake { request, idempotency_key: key, traceparent: Some(traceparent) }).await?;
     let answer = |outcome, mut response: actix_web::HttpResponseBuilder, t: Transfer| {
         let id = t.id;
         let body = response.insert_header((header::LOCATION, format!("/transfers/{id}"))).json(TransferView::from(t));
@@ -132,6 +130,43 @@ async fn accept_transfer(
             code: "idempotency_key_conflict",
             message: "this Idempotency-Key was already used with a different request".into(),
         }),
+    }
+}
+
+/// The intake's writes for a [`GroupCommit`](tally_actors::store::group_commit::GroupCommit): `POST /transfers` requests that arrive while
+/// the intake's writers (`http.intake_writers`) are busy share one transaction, up to
+/// `http.intake_batch_max`. A 201 still means the transfer and its outbox row are
+/// committed.
+pub struct IntakeBatch {
+    /// Where `TransferRequested` events go (`kafka.topics.transfers_requested`).
+    pub topic: String,
+}
+
+impl Batch for IntakeBatch {
+    type Item = Intake;
+    type Outcome = Created;
+    type Error = ApiError;
+
+    fn write<'a>(
+        &'a self,
+        conn: &'a mut AsyncPgConnection,
+        items: &'a [Intake],
+    ) -> BoxFuture<'a, Result<Vec<Created>, ApiError>> {
+        async move { Ok(transfers::create_transfers(conn, items, &self.topic).await?) }.boxed()
+    }
+
+    fn no_connection(&self, error: &PoolError) -> ApiError {
+        ApiError::Unavailable(format!("database unavailable: {error}"))
+    }
+
+    fn stopped(&self) -> ApiError {
+        ApiError::Unavailable("the intake is stopping".into())
+    }
+
+    /// Every failure but an unreachable database: each request of the batch is written
+    /// again in smaller batches, so one that cannot be written fails alone.
+    fn split(&self, error: &ApiError) -> bool {
+        !matches!(error, ApiError::Unavailable(_))
     }
 }
 

@@ -17,6 +17,7 @@ use actix_web::dev::{Server, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, App, HttpRequest, HttpServer};
 use rdkafka::producer::FutureProducer;
+use tally_actors::store::group_commit::GroupCommit;
 use tally_actors::store::PgPool;
 use tally_actors::Metrics;
 use tally_schema::values::is_valid_traceparent;
@@ -29,6 +30,8 @@ pub struct AppState {
     pub pool: PgPool,
     /// The pool of every stage that runs here, by name, for the `tally_db_pool_*` gauges.
     pub pools: Vec<(&'static str, PgPool)>,
+    /// Where `POST /transfers` writes: the intake's group commit.
+    pub intake: GroupCommit<intake::IntakeBatch>,
     pub topics: TopicsConfig,
     pub metrics: Metrics,
     /// Versions of the embedded migrations, for `/readyz`.

@@ -12,6 +12,7 @@ mod docs;
 mod first_run;
 mod flow;
 mod foundation;
+mod group_commit;
 mod ledger;
 mod money_path;
 mod noida;

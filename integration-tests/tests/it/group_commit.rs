@@ -1,0 +1,170 @@
+//! Group commit: `POST /transfers` requests that arrive while the intake's writer is busy
+//! share one transaction, and idempotency keys hold inside a batch as across batches; the
+//! projection's batched status moves stay monotonic.
+//!
+//! Broker: embedded mock cluster (publisher disabled: the tests are about HTTP and rows),
+//! or none (the store function alone).
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
+
+use std::collections::HashSet;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use futures_util::future::join_all;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use tally_actors::store::transfers::{finish_all, Finish};
+use tally_integration_tests::{json_body, metric_value, spawn_app, wait_until, Deadline, TestDb};
+use uuid::Uuid;
+
+fn transfer(source: &str, amount: i64) -> Value {
+    json!({ "sourceAccount": source, "destinationAccount": "acc-z", "amountCents": amount, "currency": "BRL" })
+}
+
+/// One writer is held on a table lock while requests pile up behind it; once released,
+/// they are written in batches. Each key makes one transfer whatever its batch: ten
+/// identical requests with one key make one transfer (one 201, nine 200 replays of it);
+/// five different requests with one key make one transfer and four 409s. Every transfer
+/// has exactly one outbox row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_wait_share_a_transaction_and_keys_make_one_transfer_each() {
+    let (env, app) = spawn_app(|c| {
+        c.pipelines.outbox = false;
+        c.http.intake_writers = 1;
+        c.http.intake_batch_max = 64;
+    })
+    .await;
+    let post = |body: Value, key: Option<String>| {
+        let mut request = app.client.post(format!("{}/transfers", app.intake_url)).json(&body);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        async move { request.send().await.expect("POST /transfers") }
+    };
+
+    // Hold inserts into `transfers` until every request has been sent.
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN; LOCK TABLE transfers IN SHARE MODE").await.expect("lock transfers");
+    let first = tokio::spawn(post(transfer("acc-first", 1), None));
+    wait_until("the writer waits on the lock", Deadline::DEFAULT, || async {
+        let waiting = env
+            .db
+            .scalar_i64(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                &[],
+            )
+            .await;
+        if waiting > 0 {
+            Ok(())
+        } else {
+            Err("no backend waits on a lock yet".to_owned())
+        }
+    })
+    .await;
+
+    let mut requests = Vec::new();
+    for i in 0..30 {
+        requests.push((format!("plain-{i}"), post(transfer(&format!("acc-{i}"), 100 + i), None)));
+    }
+    for i in 0..10 {
+        requests.push((format!("same-{i}"), post(transfer("acc-same", 500), Some("key-same".into()))));
+    }
+    for i in 0..5 {
+        requests.push((format!("diff-{i}"), post(transfer("acc-diff", 700 + i), Some("key-diff".into()))));
+    }
+    let (labels, futures): (Vec<_>, Vec<_>) = requests.into_iter().unzip();
+    let all = tokio::spawn(async move {
+        let responses = join_all(futures).await;
+        let mut answers = Vec::new();
+        for (label, res) in labels.into_iter().zip(responses) {
+            let status = res.status();
+            answers.push((label, status, json_body(res).await));
+        }
+        answers
+    });
+    // Let the requests reach the queue behind the held writer, then let it go.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    holder.batch_execute("COMMIT").await.expect("release the lock");
+
+    let first = first.await.expect("first request");
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let answers = all.await.expect("the other requests");
+
+    let of =
+        |prefix: &'static str| -> Vec<_> { answers.iter().filter(|(label, _, _)| label.starts_with(prefix)).collect() };
+    assert!(of("plain-").iter().all(|(_, status, _)| *status == StatusCode::CREATED), "{answers:?}");
+
+    let same = of("same-");
+    let created: Vec<_> = same.iter().filter(|(_, s, _)| *s == StatusCode::CREATED).collect();
+    assert_eq!(created.len(), 1, "one of ten identical keyed requests creates: {same:?}");
+    let id = &created[0].2["id"];
+    assert!(
+        same.iter().all(|(_, s, body)| *s == StatusCode::CREATED || (*s == StatusCode::OK && &body["id"] == id)),
+        "the other nine replay it: {same:?}"
+    );
+
+    let diff = of("diff-");
+    let created = diff.iter().filter(|(_, s, _)| *s == StatusCode::CREATED).count();
+    let conflicts = diff.iter().filter(|(_, s, _)| *s == StatusCode::CONFLICT).count();
+    assert_eq!((created, conflicts), (1, 4), "five different requests with one key: {diff:?}");
+
+    // 1 + 30 + 1 + 1 transfers, each with one outbox row naming it.
+    assert_eq!(env.db.count("transfers").await, 33);
+    let rows = env.db.query("SELECT payload FROM outbox_events", &[]).await;
+    let ids: HashSet<String> = rows
+        .iter()
+        .map(|r| {
+            let payload: String = r.get(0);
+            serde_json::from_str::<Value>(&payload).expect("payload")["transferId"].as_str().expect("id").to_owned()
+        })
+        .collect();
+    assert_eq!((rows.len(), ids.len()), (33, 33), "one outbox row per transfer");
+    let keyed = env.db.scalar_i64("SELECT count(*) FROM transfers WHERE idempotency_key IS NOT NULL", &[]).await;
+    assert_eq!(keyed, 2);
+
+    // 46 requests written in fewer transactions than requests: the waiting ones were grouped.
+    let metrics = app.metrics().await;
+    let count = metric_value(&metrics, "tally_intake_batch_size_count").expect("batch count");
+    let sum = metric_value(&metrics, "tally_intake_batch_size_sum").expect("batch sum");
+    assert_eq!(sum, 46.0, "every request was written in some batch");
+    assert!(count < 46.0, "requests that waited shared transactions: {count} batches");
+}
+
+/// The projection's batched status moves: only PENDING transfers move, each at most once
+/// per batch (the first move of a transfer wins, as if they came one after the other), a
+/// transfer the database does not hold moves nothing, and a second batch moves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_status_moves_moves_each_pending_transfer_once() {
+    let db = TestDb::new().await;
+    let [a, b, c, absent] = [Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7()];
+    for (id, status) in [(a, "PENDING"), (b, "PENDING"), (c, "SETTLED")] {
+        db.execute(
+            "INSERT INTO transfers (id, source_account, destination_account, amount_cents, currency, status) \
+             VALUES ($1, 'acc-a', 'acc-b', 100, 'BRL', $2)",
+            &[&id, &status],
+        )
+        .await;
+    }
+    let moves = [
+        Finish { id: a, status: "SETTLED", reason: None },
+        Finish { id: a, status: "REJECTED", reason: Some("LATE".into()) },
+        Finish { id: b, status: "REJECTED", reason: Some("INSUFFICIENT_FUNDS".into()) },
+        Finish { id: c, status: "REJECTED", reason: Some("TOO_LATE".into()) },
+        Finish { id: absent, status: "SETTLED", reason: None },
+    ];
+    let mut conn = AsyncPgConnection::establish(db.url()).await.expect("diesel connection");
+    let moved = finish_all(&mut conn, &moves).await.expect("first batch");
+    assert_eq!(moved, [true, false, true, false, false]);
+    let again = finish_all(&mut conn, &moves).await.expect("second batch");
+    assert_eq!(again, [false; 5], "a final transfer never moves again");
+
+    let status = |id: Uuid| {
+        let db = &db;
+        async move {
+            let row = db.query("SELECT status, rejection_reason FROM transfers WHERE id = $1", &[&id]).await;
+            (row[0].get::<_, String>(0), row[0].get::<_, Option<String>>(1))
+        }
+    };
+    assert_eq!(status(a).await, ("SETTLED".to_owned(), None));
+    assert_eq!(status(b).await, ("REJECTED".to_owned(), Some("INSUFFICIENT_FUNDS".to_owned())));
+    assert_eq!(status(c).await, ("SETTLED".to_owned(), None));
+}
