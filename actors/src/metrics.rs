@@ -114,8 +114,10 @@ metrics! {
     live_actors: IntGaugeVec = "Live keyed worker actors (e.g. account ledgers), by pipeline.", labels ["pipeline"];
     oldest_inflight_age_seconds: GaugeVec = "Age of the oldest unfinished record, by pipeline (a key stuck in retry shows here).", labels ["pipeline"];
     handler_seconds: HistogramVec = "Time to handle one record, retries included, by pipeline.", labels ["pipeline"], buckets LATENCY_BUCKETS;
-    intake_batch_size: Histogram = "Transfer requests written per intake database transaction (group commit).", buckets &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
-    projection_batch_size: Histogram = "Status moves written per projection statement (group commit).", buckets &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+    group_commit_batch_size: HistogramVec = "Items written per transaction of a group commit, by writes (intake, projection, \
+                     notifications_seen, notifications_delivered): transactions that committed, split halves included.", labels ["writes"], buckets &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+    group_commit_refused_total: IntCounterVec = "Items a group commit answered without writing them, by writes and reason (no_connection, \
+                     overloaded: waited past the database connect timeout, stopped, broken: its write panicked).", labels ["writes", "reason"];
     settlement_batch_size: Histogram = "Transfers settled per ledger database transaction.", buckets &[1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 500.0];
     kafka_transactions_total: IntCounterVec = "Kafka transaction events, by outcome: committed, failed (an attempt that did not commit), \
                      aborted (by the stage), retried (a retriable call made again), producer_renewed (re-created \

@@ -216,7 +216,11 @@ impl Wiring<'_> {
             Arc::new(StatusProjector::new(
                 self.pool(DbPool::Projection),
                 topics.transfers_settled.clone(),
-                GroupCommitSettings { max_batch: cfg.batch_max, writers: cfg.writers },
+                GroupCommitSettings {
+                    max_batch: cfg.batch_max,
+                    writers: cfg.writers,
+                    max_wait: self.config.database.connect_timeout,
+                },
                 &self.metrics,
             )),
             supervision,
@@ -300,6 +304,7 @@ impl Wiring<'_> {
                     secret: cfg.webhook_secret.expose().to_owned(),
                     timeout: cfg.timeout,
                     delays_ms: delays.clone(),
+                    database_wait: self.config.database.connect_timeout,
                 },
             )
             .context("cannot build the webhook client")?,

@@ -80,12 +80,13 @@ impl TestEnv {
 pub fn test_pools() -> PoolsConfig {
     PoolsConfig {
         http: Some(4),
+        intake: None,
         outbox: None,
         ledger: Some(4),
         antifraud: Some(2),
-        projection: Some(2),
+        projection: Some(3),
         orders: Some(2),
-        notifications: Some(2),
+        notifications: Some(3),
     }
 }
 

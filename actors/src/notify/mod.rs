@@ -11,6 +11,8 @@
 //! and the consumer of that retry topic holds the partition until the record is due. After
 //! the last attempt the record goes to `<topic>-dlt` as `exhausted`.
 
+mod writes;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +32,8 @@ use uuid::Uuid;
 use crate::backoff::Backoff;
 use crate::consume::Record;
 use crate::metrics::Metrics;
-use crate::store::{notifications, PgPool};
+use crate::store::notifications::Delivery;
+use crate::store::PgPool;
 use crate::supervise::{DeadLetters, HandlerError, RecordHandler};
 use crate::trace;
 
@@ -42,6 +45,8 @@ pub struct NotifierSettings {
     pub timeout: Duration,
     /// Delay before each retry, in order (attempt 2 waits `delays[0]`, ...).
     pub delays_ms: Vec<u64>,
+    /// Longest a database call waits to be taken by its writer (the connect timeout).
+    pub database_wait: Duration,
 }
 
 impl NotifierSettings {
@@ -78,7 +83,7 @@ struct EventIds {
 }
 
 pub struct Notifier {
-    pool: PgPool,
+    writes: writes::Writes,
     http: reqwest::Client,
     producer: FutureProducer,
     dead_letters: DeadLetters,
@@ -87,6 +92,9 @@ pub struct Notifier {
 }
 
 impl Notifier {
+    /// Starts the group commits of its database calls over `pool` (on the current actix
+    /// system).
+    ///
     /// # Errors
     /// When the HTTP client cannot be built.
     pub fn new(
@@ -97,7 +105,8 @@ impl Notifier {
         settings: NotifierSettings,
     ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder().timeout(settings.timeout).build()?;
-        Ok(Self { pool, http, producer, dead_letters, metrics, settings })
+        let writes = writes::Writes::start(&pool, &metrics, settings.database_wait);
+        Ok(Self { writes, http, producer, dead_letters, metrics, settings })
     }
 }
 
@@ -105,7 +114,7 @@ impl RecordHandler for Notifier {
     /// Delivers (or schedules a retry, or dead-letters) inside the record's
     /// `notify.deliver` span; each attempt has its own.
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
-        let (pool, http, producer) = (self.pool.clone(), self.http.clone(), self.producer.clone());
+        let (writes, http, producer) = (self.writes.clone(), self.http.clone(), self.producer.clone());
         let (settings, metrics) = (self.settings.clone(), self.metrics.clone());
         let dead_letters = self.dead_letters.clone();
         let span = trace::hop_span!("notify.deliver", record.topic.as_str());
@@ -122,23 +131,20 @@ impl RecordHandler for Notifier {
                 .unwrap_or(0)
                 .saturating_add(1);
             let origin = record.origin();
-            if delivered(&pool, ids.event_id).await? {
+            if writes.seen.submit(ids.event_id).await? {
                 metrics.notification_deliveries_total.with_label_values(&["already_delivered"]).inc();
                 return Ok("already_delivered");
             }
             let failure = match post(&http, &settings, &record, ids.event_id, body, attempt).await {
                 Ok(status) => {
-                    remember(
-                        &pool,
-                        notifications::Delivery {
-                            event_id: ids.event_id,
-                            topic: &origin.topic,
-                            transfer_id: ids.transfer_id,
-                            attempt,
-                            response_status: status,
-                        },
-                    )
-                    .await?;
+                    let delivery = Delivery {
+                        event_id: ids.event_id,
+                        topic: origin.topic.clone(),
+                        transfer_id: ids.transfer_id,
+                        attempt,
+                        response_status: status,
+                    };
+                    writes.delivered.submit(delivery).await?;
                     metrics.notification_deliveries_total.with_label_values(&["delivered"]).inc();
                     info!(event_id = %ids.event_id, attempt, "Notification delivered.");
                     return Ok("delivered");
@@ -163,16 +169,6 @@ impl RecordHandler for Notifier {
             Ok("retry_scheduled")
         })
     }
-}
-
-async fn delivered(pool: &PgPool, event_id: Uuid) -> Result<bool, HandlerError> {
-    let mut conn = pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
-    notifications::delivered(&mut conn, event_id).await.map_err(|e| HandlerError::classified("database error", &e))
-}
-
-async fn remember(pool: &PgPool, delivery: notifications::Delivery<'_>) -> Result<(), HandlerError> {
-    let mut conn = pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
-    notifications::remember(&mut conn, delivery).await.map_err(|e| HandlerError::classified("database error", &e))
 }
 
 /// POSTs the event; `Ok(status)` for a 2xx answer, `Err(reason)` otherwise.

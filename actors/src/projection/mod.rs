@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use diesel_async::pooled_connection::deadpool::PoolError;
 use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -15,7 +14,7 @@ use uuid::Uuid;
 
 use crate::consume::Record;
 use crate::metrics::Metrics;
-use crate::store::group_commit::{Batch, GroupCommit, GroupCommitSettings};
+use crate::store::group_commit::{Batch, GroupCommit, GroupCommitSettings, Refusal};
 use crate::store::transfers::{self, Finish};
 use crate::store::PgPool;
 use crate::supervise::{ErrorClass, HandlerError, RecordHandler};
@@ -67,17 +66,24 @@ impl Batch for StatusBatch {
             .boxed()
     }
 
-    fn no_connection(&self, error: &PoolError) -> HandlerError {
-        HandlerError::classified("no database connection", error)
+    fn refused(&self, why: Refusal<'_>) -> HandlerError {
+        refused("projection", why)
     }
 
-    fn stopped(&self) -> HandlerError {
-        HandlerError::transient("the projection's writers have stopped")
-    }
-
-    /// Unless the database is down: one record's poison then fails that record alone.
+    /// Only for a poison record (bad data): it then fails alone, and the others move.
     fn split(&self, error: &HandlerError) -> bool {
-        error.class != ErrorClass::Unavailable
+        error.class == ErrorClass::Poison
+    }
+}
+
+/// A refused group commit item as a handler error: the database unavailable, or a
+/// transient failure the record's retries wait out.
+pub(crate) fn refused(stage: &str, why: Refusal<'_>) -> HandlerError {
+    match why {
+        Refusal::NoConnection(e) => HandlerError::classified("no database connection", e),
+        Refusal::Overloaded => HandlerError::transient(format!("the {stage}'s database writes are overloaded")),
+        Refusal::Stopped => HandlerError::transient(format!("the {stage}'s database writers have stopped")),
+        Refusal::Broken => HandlerError::transient(format!("the {stage}'s database write failed")),
     }
 }
 
@@ -91,7 +97,7 @@ impl StatusProjector {
     /// Starts the group commit of its writes (on the current actix system) over `pool`.
     #[must_use]
     pub fn new(pool: PgPool, settled_topic: String, settings: GroupCommitSettings, metrics: &Metrics) -> Self {
-        let writes = GroupCommit::start(StatusBatch, pool, settings, metrics.projection_batch_size.clone());
+        let writes = GroupCommit::start("projection", StatusBatch, pool, settings, metrics);
         Self { writes, settled_topic }
     }
 }

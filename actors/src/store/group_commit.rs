@@ -4,22 +4,56 @@
 //! tasks take turns at the queue: each takes whatever is waiting (at least one item, at
 //! most `max_batch`), writes it in one transaction through [`Batch::write`] and answers
 //! every caller once it has committed. Under light load a batch is one item and nothing
-//! waits for company; under load one commit (one WAL flush) serves many callers.
+//! waits for company; under load one transaction serves many callers.
 //!
-//! A batch that fails with an error [`Batch::split`] allows is written again in halves,
-//! down to single items, so that an item that cannot be written fails alone. A caller that
-//! stopped waiting before its batch was taken is skipped.
+//! What bounds it:
+//! - **Time.** An item waits at most `max_wait` for a place in the queue and, once queued,
+//!   for a writer to take it; past that it is answered [`Refusal::Overloaded`] without
+//!   being written, as a caller waiting for a pooled connection would have been.
+//! - **One bad item.** A batch that fails with an error [`Batch::split`] allows (one an
+//!   item can cause: bad data) is written again in halves, down to single items, and each
+//!   half is answered as soon as it commits. Any other error (timeout, deadlock, database
+//!   down) fails the batch whole, once: each caller gets it, as it would have alone.
+//! - **Panics.** A batch whose write panics is answered [`Refusal::Broken`]; the writer
+//!   goes on with the next.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use diesel_async::pooled_connection::deadpool::PoolError;
 use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use prometheus::Histogram;
+use prometheus::{Histogram, IntCounterVec};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::PgPool;
+use crate::metrics::Metrics;
+
+/// Why an item was answered without its batch being written.
+#[derive(Debug)]
+pub enum Refusal<'a> {
+    /// No connection could be had for its batch.
+    NoConnection(&'a PoolError),
+    /// It waited longer than `max_wait` to be taken.
+    Overloaded,
+    /// The group commit has stopped.
+    Stopped,
+    /// Its batch's write panicked or answered the wrong number of outcomes.
+    Broken,
+}
+
+impl Refusal<'_> {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::NoConnection(_) => "no_connection",
+            Self::Overloaded => "overloaded",
+            Self::Stopped => "stopped",
+            Self::Broken => "broken",
+        }
+    }
+}
 
 /// What a group commit writes, and how its failures reach the callers.
 pub trait Batch: Send + Sync + 'static {
@@ -35,14 +69,12 @@ pub trait Batch: Send + Sync + 'static {
         items: &'a [Self::Item],
     ) -> BoxFuture<'a, Result<Vec<Self::Outcome>, Self::Error>>;
 
-    /// The error of a batch that got no connection.
-    fn no_connection(&self, error: &PoolError) -> Self::Error;
+    /// The error of an item answered without being written.
+    fn refused(&self, why: Refusal<'_>) -> Self::Error;
 
-    /// The error of a caller whose group commit has stopped.
-    fn stopped(&self) -> Self::Error;
-
-    /// Whether a batch that failed with `error` is written again in halves (an error one
-    /// item may have caused), rather than failing whole (the database is down).
+    /// Whether a batch that failed with `error` is written again in halves: only for an
+    /// error one item can cause on its own (bad data), never for one the batch as a whole
+    /// met (a timeout, a deadlock, the database down).
     fn split(&self, error: &Self::Error) -> bool;
 }
 
@@ -53,31 +85,36 @@ pub struct GroupCommitSettings {
     pub max_batch: usize,
     /// Transactions in flight at once, each on its own connection of the pool.
     pub writers: usize,
+    /// Longest an item waits to be queued and then taken before it is refused.
+    pub max_wait: Duration,
 }
 
 struct Pending<B: Batch> {
     item: B::Item,
+    queued: Instant,
     reply: oneshot::Sender<Result<B::Outcome, B::Error>>,
 }
 
 /// The handle callers submit to. The writers stop once every handle is dropped and the
-/// queue is empty: what was submitted before is still written and answered.
+/// queue is empty: what was submitted before is still written or refused, and answered.
 pub struct GroupCommit<B: Batch> {
     queue: mpsc::Sender<Pending<B>>,
     batch: Arc<B>,
+    max_wait: Duration,
 }
 
 impl<B: Batch> Clone for GroupCommit<B> {
     fn clone(&self) -> Self {
-        Self { queue: self.queue.clone(), batch: Arc::clone(&self.batch) }
+        Self { queue: self.queue.clone(), batch: Arc::clone(&self.batch), max_wait: self.max_wait }
     }
 }
 
 impl<B: Batch> GroupCommit<B> {
-    /// Starts the writers on the current actix system; each batch's size is observed in
-    /// `sizes`.
+    /// Starts the writers on the current actix system. `name` labels its metrics:
+    /// `tally_group_commit_batch_size{writes}` (items per transaction that committed) and
+    /// `tally_group_commit_refused_total{writes,reason}`.
     #[must_use]
-    pub fn start(batch: B, pool: PgPool, settings: GroupCommitSettings, sizes: Histogram) -> Self {
+    pub fn start(name: &str, batch: B, pool: PgPool, settings: GroupCommitSettings, metrics: &Metrics) -> Self {
         let max_batch = settings.max_batch.max(1);
         let writers = settings.writers.max(1);
         let (queue, rx) = mpsc::channel(max_batch * writers * 4);
@@ -89,43 +126,62 @@ impl<B: Batch> GroupCommit<B> {
                 pool: pool.clone(),
                 batch: Arc::clone(&batch),
                 max_batch,
-                sizes: sizes.clone(),
+                max_wait: settings.max_wait,
+                name: name.to_owned(),
+                sizes: metrics.group_commit_batch_size.with_label_values(&[name]),
+                refused: metrics.group_commit_refused_total.clone(),
             };
             actix::spawn(writer.run());
         }
-        Self { queue, batch }
+        Self { queue, batch, max_wait: settings.max_wait }
     }
 
     /// Writes `item` in the next batch; its outcome once that batch has committed.
     ///
     /// # Errors
-    /// The error of the transaction that did not write it, or [`Batch::stopped`].
+    /// The error of the transaction that did not write it, or [`Batch::refused`].
     pub async fn submit(&self, item: B::Item) -> Result<B::Outcome, B::Error> {
         let (reply, outcome) = oneshot::channel();
-        self.queue.send(Pending { item, reply }).await.map_err(|_| self.batch.stopped())?;
-        outcome.await.map_err(|_| self.batch.stopped())?
+        let pending = Pending { item, queued: Instant::now(), reply };
+        match tokio::time::timeout(self.max_wait, self.queue.send(pending)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(self.batch.refused(Refusal::Stopped)),
+            Err(_) => return Err(self.batch.refused(Refusal::Overloaded)),
+        }
+        outcome.await.map_err(|_| self.batch.refused(Refusal::Stopped))?
     }
 }
+
+type Reply<B> = oneshot::Sender<Result<<B as Batch>::Outcome, <B as Batch>::Error>>;
 
 struct Writer<B: Batch> {
     queue: Arc<Mutex<mpsc::Receiver<Pending<B>>>>,
     pool: PgPool,
     batch: Arc<B>,
     max_batch: usize,
+    max_wait: Duration,
+    name: String,
     sizes: Histogram,
+    refused: IntCounterVec,
 }
 
 impl<B: Batch> Writer<B> {
     async fn run(self) {
-        while let Some(mut pending) = self.next_batch().await {
-            pending.retain(|p| !p.reply.is_closed());
-            if pending.is_empty() {
-                continue;
+        while let Some(pending) = self.next_batch().await {
+            let mut items = Vec::with_capacity(pending.len());
+            let mut replies = Vec::with_capacity(pending.len());
+            for p in pending {
+                if p.reply.is_closed() {
+                    // Its caller stopped waiting: it never learns the outcome.
+                } else if p.queued.elapsed() > self.max_wait {
+                    self.refuse(p.reply, Refusal::Overloaded);
+                } else {
+                    items.push(p.item);
+                    replies.push(p.reply);
+                }
             }
-            let (items, replies): (Vec<_>, Vec<_>) = pending.into_iter().map(|p| (p.item, p.reply)).unzip();
-            self.sizes.observe(items.len() as f64);
-            for (reply, outcome) in replies.into_iter().zip(self.write(&items).await) {
-                let _ = reply.send(outcome);
+            if !items.is_empty() {
+                self.write(items, replies).await;
             }
         }
     }
@@ -146,23 +202,48 @@ impl<B: Batch> Writer<B> {
         Some(batch)
     }
 
-    /// Writes `items` in one transaction, or in halves when it fails with an error that
-    /// allows a split; one result per item.
-    fn write<'a>(&'a self, items: &'a [B::Item]) -> BoxFuture<'a, Vec<Result<B::Outcome, B::Error>>> {
+    fn refuse(&self, reply: Reply<B>, why: Refusal<'_>) {
+        self.refused.with_label_values(&[&self.name, why.label()]).inc();
+        let _ = reply.send(Err(self.batch.refused(why)));
+    }
+
+    /// Writes `items` in one transaction and answers `replies` (one per item) as soon as
+    /// it commits; on an error that allows it, writes each half the same way.
+    fn write(&self, mut items: Vec<B::Item>, mut replies: Vec<Reply<B>>) -> BoxFuture<'_, ()> {
         async move {
             let written = match self.pool.get().await {
-                Ok(mut conn) => self.batch.write(&mut conn, items).await,
-                Err(e) => Err(self.batch.no_connection(&e)),
+                Ok(mut conn) => AssertUnwindSafe(self.batch.write(&mut conn, &items)).catch_unwind().await,
+                Err(e) => {
+                    for reply in replies {
+                        self.refuse(reply, Refusal::NoConnection(&e));
+                    }
+                    return;
+                }
             };
             match written {
-                Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-                Err(e) if items.len() > 1 && self.batch.split(&e) => {
-                    let (left, right) = items.split_at(items.len() / 2);
-                    let mut results = self.write(left).await;
-                    results.extend(self.write(right).await);
-                    results
+                Ok(Ok(outcomes)) if outcomes.len() == replies.len() => {
+                    self.sizes.observe(items.len() as f64);
+                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                        let _ = reply.send(Ok(outcome));
+                    }
                 }
-                Err(e) => items.iter().map(|_| Err(e.clone())).collect(),
+                Ok(Err(e)) if items.len() > 1 && self.batch.split(&e) => {
+                    let (right, right_replies) = (items.split_off(items.len() / 2), replies.split_off(replies.len() / 2));
+                    self.write(items, replies).await;
+                    self.write(right, right_replies).await;
+                }
+                Ok(Err(e)) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+                // A write that panicked or broke its contract: nothing of it is trusted.
+                Ok(Ok(_)) | Err(_) => {
+                    tracing::error!(writes = %self.name, items = items.len(), "A group commit's write panicked or answered the wrong number of outcomes.");
+                    for reply in replies {
+                        self.refuse(reply, Refusal::Broken);
+                    }
+                }
             }
         }
         .boxed()

@@ -81,10 +81,13 @@ pub async fn create_transfers(
         async move {
             let now = Utc::now();
             let rows: Vec<Transfer> = batch.iter().map(|intake| new_row(intake, now)).collect();
-            // Only the first request of each key is offered to the insert.
+            // Only the first request of each key is offered to the insert, in key order:
+            // two batches that share keys then wait on each other in one order, never in a
+            // cycle (a deadlock).
             let mut seen = HashSet::new();
-            let offered: Vec<&Transfer> =
+            let mut offered: Vec<&Transfer> =
                 rows.iter().filter(|t| t.idempotency_key.as_deref().is_none_or(|k| seen.insert(k))).collect();
+            offered.sort_by(|a, b| a.idempotency_key.cmp(&b.idempotency_key));
             let mut inserted: HashMap<Uuid, Transfer> = diesel::insert_into(transfers::table)
                 .values(offered)
                 .on_conflict(transfers::idempotency_key)
@@ -207,7 +210,9 @@ pub struct Finish {
 /// Any database error; then none moved.
 pub async fn finish_all(conn: &mut AsyncPgConnection, moves: &[Finish]) -> Result<Vec<bool>, diesel::result::Error> {
     let mut seen = HashSet::new();
-    let first: Vec<&Finish> = moves.iter().filter(|m| seen.insert(m.id)).collect();
+    let mut first: Vec<&Finish> = moves.iter().filter(|m| seen.insert(m.id)).collect();
+    // In id order: two statements that share transfers lock them in one order.
+    first.sort_by_key(|m| m.id);
     let ids: Vec<Uuid> = first.iter().map(|m| m.id).collect();
     let statuses: Vec<&str> = first.iter().map(|m| m.status).collect();
     let reasons: Vec<Option<&str>> = first.iter().map(|m| m.reason.as_deref()).collect();

@@ -214,10 +214,15 @@ pub async fn start_with(
     }
     let (state_dropped_tx, state_dropped) = std::sync::mpsc::channel();
     let intake = GroupCommit::start(
+        "intake",
         IntakeBatch { topic: config.kafka.topics.transfers_requested.clone() },
-        pools.get(DbPool::Http).clone(),
-        GroupCommitSettings { max_batch: config.http.intake_batch_max, writers: config.http.intake_writers },
-        metrics.intake_batch_size.clone(),
+        pools.get(DbPool::Intake).clone(),
+        GroupCommitSettings {
+            max_batch: config.http.intake_batch_max,
+            writers: config.http.intake_writers,
+            max_wait: config.database.connect_timeout,
+        },
+        &metrics,
     );
     let state = web::Data::new(AppState {
         pool: pools.get(DbPool::Http).clone(),

@@ -12,6 +12,7 @@ use crate::config::{Config, DbPool};
 #[derive(Clone)]
 pub struct Pools {
     http: PgPool,
+    intake: PgPool,
     outbox: PgPool,
     ledger: PgPool,
     antifraud: PgPool,
@@ -32,6 +33,7 @@ impl Pools {
         };
         Ok(Self {
             http: build(DbPool::Http)?,
+            intake: build(DbPool::Intake)?,
             outbox: build(DbPool::Outbox)?,
             ledger: build(DbPool::Ledger)?,
             antifraud: build(DbPool::Antifraud)?,
@@ -46,6 +48,7 @@ impl Pools {
     pub fn get(&self, pool: DbPool) -> &PgPool {
         match pool {
             DbPool::Http => &self.http,
+            DbPool::Intake => &self.intake,
             DbPool::Outbox => &self.outbox,
             DbPool::Ledger => &self.ledger,
             DbPool::Antifraud => &self.antifraud,
@@ -80,7 +83,7 @@ fn settings(config: &Config, pool: DbPool) -> PoolSettings {
 pub fn in_use(config: &Config) -> Vec<DbPool> {
     let p = &config.pipelines;
     let runs = |pool: &DbPool| match pool {
-        DbPool::Http => true,
+        DbPool::Http | DbPool::Intake => true,
         DbPool::Outbox => p.outbox,
         DbPool::Ledger => p.ledger,
         DbPool::Antifraud => p.antifraud,

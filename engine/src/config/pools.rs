@@ -1,7 +1,7 @@
 //! `[database.pools]`: a connection pool per stage, so that a stage holding every
 //! connection it may have (a backlog, a lock wait, a slow broker) leaves the other stages
 //! theirs. Sizes are maxima: connections open on demand, so a stage that does not run opens
-//! none. The defaults add up to 27 connections (28 with the outbox's LISTEN connection):
+//! none. The defaults add up to 30 connections (31 with the outbox's LISTEN connection):
 //! three daemons fit PostgreSQL's default `max_connections` of 100.
 
 use super::*;
@@ -9,8 +9,10 @@ use super::*;
 /// A stage with a database pool of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DbPool {
-    /// Intake and admin requests.
+    /// Intake and admin requests, but for the writes of `POST /transfers`.
     Http,
+    /// The intake's group commit: `POST /transfers` writes.
+    Intake,
     Outbox,
     Ledger,
     Antifraud,
@@ -20,8 +22,16 @@ pub enum DbPool {
 }
 
 impl DbPool {
-    pub const ALL: [Self; 7] =
-        [Self::Http, Self::Outbox, Self::Ledger, Self::Antifraud, Self::Projection, Self::Orders, Self::Notifications];
+    pub const ALL: [Self; 8] = [
+        Self::Http,
+        Self::Intake,
+        Self::Outbox,
+        Self::Ledger,
+        Self::Antifraud,
+        Self::Projection,
+        Self::Orders,
+        Self::Notifications,
+    ];
 
     /// Its key in `[database.pools]`, its `pool` label in the `tally_db_pool_*` metrics, and
     /// (as `tally-<name>`) the `application_name` of its connections.
@@ -29,6 +39,7 @@ impl DbPool {
     pub fn name(self) -> &'static str {
         match self {
             Self::Http => "http",
+            Self::Intake => "intake",
             Self::Outbox => "outbox",
             Self::Ledger => "ledger",
             Self::Antifraud => "antifraud",
@@ -41,6 +52,7 @@ impl DbPool {
     fn key(self) -> &'static str {
         match self {
             Self::Http => "database.pools.http",
+            Self::Intake => "database.pools.intake",
             Self::Outbox => "database.pools.outbox",
             Self::Ledger => "database.pools.ledger",
             Self::Antifraud => "database.pools.antifraud",
@@ -55,10 +67,14 @@ impl DbPool {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolsConfig {
-    /// Intake and admin requests, a connection each while it runs. Default 8, or
-    /// `database.pool_size` when that older key is set.
+    /// Intake and admin requests (all but the writes of `POST /transfers`), a connection
+    /// each while it runs. Default 8, or `database.pool_size` when that older key is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub http: Option<usize>,
+    /// The intake's group commit, a connection per writer. Default `http.intake_writers`;
+    /// must be at least that.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intake: Option<usize>,
     /// The outbox publisher: each loop holds a connection while it awaits the broker's
     /// acknowledgements, and the cleanup takes one more. Default `outbox.concurrency` + 1;
     /// must be above `outbox.concurrency`.
@@ -72,14 +88,15 @@ pub struct PoolsConfig {
     /// Default 2.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub antifraud: Option<usize>,
-    /// The status projection: a short update per record, many keys at once. Default 4.
+    /// The status projection: its group commit's writers and its dead letters. Default 4;
+    /// must be above `projection.writers`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub projection: Option<usize>,
     /// The order materializer: an insert per order. Default 2.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub orders: Option<usize>,
-    /// Notifications: a lookup and a record per delivery, none held through the webhook
-    /// call. Default 2.
+    /// Notifications: one writer for the delivery lookups, one for the delivery records
+    /// (none held through the webhook call), and the dead letters. Default 3.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub notifications: Option<usize>,
 }
@@ -94,6 +111,7 @@ impl PoolsConfig {
     fn slot(&self, pool: DbPool) -> &Option<usize> {
         match pool {
             DbPool::Http => &self.http,
+            DbPool::Intake => &self.intake,
             DbPool::Outbox => &self.outbox,
             DbPool::Ledger => &self.ledger,
             DbPool::Antifraud => &self.antifraud,
@@ -106,6 +124,7 @@ impl PoolsConfig {
     fn slot_mut(&mut self, pool: DbPool) -> &mut Option<usize> {
         match pool {
             DbPool::Http => &mut self.http,
+            DbPool::Intake => &mut self.intake,
             DbPool::Outbox => &mut self.outbox,
             DbPool::Ledger => &mut self.ledger,
             DbPool::Antifraud => &mut self.antifraud,
@@ -122,10 +141,12 @@ impl Config {
     pub fn pool_size(&self, pool: DbPool) -> usize {
         self.database.pools.get(pool).unwrap_or_else(|| match pool {
             DbPool::Http => self.database.pool_size.unwrap_or(8),
+            DbPool::Intake => self.http.intake_writers,
             DbPool::Outbox => self.outbox.concurrency + 1,
             DbPool::Ledger => self.ledger.max_concurrent_batches + 2,
             DbPool::Projection => 4,
-            DbPool::Antifraud | DbPool::Orders | DbPool::Notifications => 2,
+            DbPool::Notifications => 3,
+            DbPool::Antifraud | DbPool::Orders => 2,
         })
     }
 
@@ -165,6 +186,23 @@ pub(super) fn validate(config: &Config) -> Result<(), ConfigError> {
             ),
         );
     }
+    let (intake, writers) = (config.pool_size(DbPool::Intake), config.http.intake_writers);
+    if intake < writers {
+        return invalid(
+            "database.pools.intake",
+            format!("is {intake}: it must be at least http.intake_writers ({writers}), a connection per writer"),
+        );
+    }
+    let (projection, writers) = (config.pool_size(DbPool::Projection), config.projection.writers);
+    if projection <= writers {
+        return invalid(
+            "database.pools.projection",
+            format!(
+                "is {projection}: it must be above projection.writers ({writers}), a connection per writer and \
+                 one for dead letters"
+            ),
+        );
+    }
     let (ledger, batches) = (config.pool_size(DbPool::Ledger), config.ledger.max_concurrent_batches);
     if ledger < batches {
         return invalid(
@@ -198,12 +236,13 @@ mod tests {
             sizes(&c),
             [
                 ("http", 8),
+                ("intake", 2),
                 ("outbox", 3),
                 ("ledger", 6),
                 ("antifraud", 2),
                 ("projection", 4),
                 ("orders", 2),
-                ("notifications", 2)
+                ("notifications", 3)
             ]
         );
         let per_daemon: usize = sizes(&c).iter().map(|(_, n)| n).sum::<usize>() + 1; // + LISTEN
@@ -256,7 +295,10 @@ mod tests {
     fn tally_config_shows_every_size() {
         let c = with("[database]\npool_size = 5\n[database.pools]\nledger = 7").unwrap();
         let shown = c.to_redacted_toml();
-        assert!(shown.contains("[database.pools]\nhttp = 5\noutbox = 3\nledger = 7\nantifraud = 2\n"), "{shown}");
+        assert!(
+            shown.contains("[database.pools]\nhttp = 5\nintake = 2\noutbox = 3\nledger = 7\nantifraud = 2\n"),
+            "{shown}"
+        );
         assert!(!shown.contains("pool_size"), "{shown}");
         let again = with(&shown.replace("<redacted>", "x")).unwrap();
         assert_eq!(sizes(&again), sizes(&c), "what it shows loads back to the same pools");

@@ -2,7 +2,6 @@
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
-use diesel_async::pooled_connection::deadpool::PoolError;
 use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -18,8 +17,9 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::AppState;
 use tally_actors::store::accounts;
-use tally_actors::store::group_commit::Batch;
+use tally_actors::store::group_commit::{Batch, Refusal};
 use tally_actors::store::transfers::{self, Created, Intake, TransferRequest};
+use tally_actors::supervise::{Classify, ErrorClass};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -117,7 +117,11 @@ async fn accept_transfer(
 ) -> Result<(&'static str, Uuid, HttpResponse), ApiError> {
     let key = idempotency_key(&req)?;
     let request = body.into_inner().validate(state.max_balance_cents)?;
-    let created = state.intake.submit(Intake { request, idempotency_key: key, traceparent: Some(traceparent) }).await?;
+    let created = state
+        .intake
+        .submit(Intake { request, idempotency_key: key, traceparent: Some(traceparent) })
+        .await
+        .map_err(|e| e.answer)?;
     let answer = |outcome, mut response: actix_web::HttpResponseBuilder, t: Transfer| {
         let id = t.id;
         let body = response.insert_header((header::LOCATION, format!("/transfers/{id}"))).json(TransferView::from(t));
@@ -142,31 +146,45 @@ pub struct IntakeBatch {
     pub topic: String,
 }
 
+/// A failed intake write: the answer, and whether one request's data can have caused it.
+#[derive(Debug, Clone)]
+pub struct IntakeError {
+    answer: ApiError,
+    bad_data: bool,
+}
+
 impl Batch for IntakeBatch {
     type Item = Intake;
     type Outcome = Created;
-    type Error = ApiError;
+    type Error = IntakeError;
 
     fn write<'a>(
         &'a self,
         conn: &'a mut AsyncPgConnection,
         items: &'a [Intake],
-    ) -> BoxFuture<'a, Result<Vec<Created>, ApiError>> {
-        async move { Ok(transfers::create_transfers(conn, items, &self.topic).await?) }.boxed()
+    ) -> BoxFuture<'a, Result<Vec<Created>, IntakeError>> {
+        async move {
+            transfers::create_transfers(conn, items, &self.topic)
+                .await
+                .map_err(|e| IntakeError { bad_data: e.class() == ErrorClass::Poison, answer: e.into() })
+        }
+        .boxed()
     }
 
-    fn no_connection(&self, error: &PoolError) -> ApiError {
-        ApiError::Unavailable(format!("database unavailable: {error}"))
+    fn refused(&self, why: Refusal<'_>) -> IntakeError {
+        let answer = match why {
+            Refusal::NoConnection(e) => ApiError::Unavailable(format!("database unavailable: {e}")),
+            Refusal::Overloaded => ApiError::Unavailable("the intake is overloaded: retry later".into()),
+            Refusal::Stopped => ApiError::Unavailable("the intake is stopping".into()),
+            Refusal::Broken => ApiError::Internal("the intake's write failed".into()),
+        };
+        IntakeError { answer, bad_data: false }
     }
 
-    fn stopped(&self) -> ApiError {
-        ApiError::Unavailable("the intake is stopping".into())
-    }
-
-    /// Every failure but an unreachable database: each request of the batch is written
-    /// again in smaller batches, so one that cannot be written fails alone.
-    fn split(&self, error: &ApiError) -> bool {
-        !matches!(error, ApiError::Unavailable(_))
+    /// Only for an error a request's data can cause (a data exception or an integrity
+    /// violation): every request is validated before it is queued, so none should.
+    fn split(&self, error: &IntakeError) -> bool {
+        error.bad_data
     }
 }
 

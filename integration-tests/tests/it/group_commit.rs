@@ -13,7 +13,9 @@ use futures_util::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_actors::store::transfers::{finish_all, Finish};
-use tally_integration_tests::{json_body, metric_value, spawn_app, wait_until, Deadline, TestDb};
+use tally_integration_tests::{
+    json_body, metric_value, produce, producer, run_only, spawn_app, wait_until, Deadline, TestDb,
+};
 use uuid::Uuid;
 
 fn transfer(source: &str, amount: i64) -> Value {
@@ -109,6 +111,14 @@ async fn requests_that_wait_share_a_transaction_and_keys_make_one_transfer_each(
 
     // 1 + 30 + 1 + 1 transfers, each with one outbox row naming it.
     assert_eq!(env.db.count("transfers").await, 33);
+    let joined = env
+        .db
+        .scalar_i64(
+            "SELECT count(*) FROM transfers t JOIN outbox_events o ON (o.payload::json->>'transferId')::uuid = t.id",
+            &[],
+        )
+        .await;
+    assert_eq!(joined, 33, "each outbox row names its transfer");
     let rows = env.db.query("SELECT payload FROM outbox_events", &[]).await;
     let ids: HashSet<String> = rows
         .iter()
@@ -123,8 +133,8 @@ async fn requests_that_wait_share_a_transaction_and_keys_make_one_transfer_each(
 
     // 46 requests written in fewer transactions than requests: the waiting ones were grouped.
     let metrics = app.metrics().await;
-    let count = metric_value(&metrics, "tally_intake_batch_size_count").expect("batch count");
-    let sum = metric_value(&metrics, "tally_intake_batch_size_sum").expect("batch sum");
+    let count = metric_value(&metrics, r#"tally_group_commit_batch_size_count{writes="intake"}"#).expect("batch count");
+    let sum = metric_value(&metrics, r#"tally_group_commit_batch_size_sum{writes="intake"}"#).expect("batch sum");
     assert_eq!(sum, 46.0, "every request was written in some batch");
     assert!(count < 46.0, "requests that waited shared transactions: {count} batches");
 }
@@ -167,4 +177,117 @@ async fn a_batch_of_status_moves_moves_each_pending_transfer_once() {
     assert_eq!(status(a).await, ("SETTLED".to_owned(), None));
     assert_eq!(status(b).await, ("REJECTED".to_owned(), Some("INSUFFICIENT_FUNDS".to_owned())));
     assert_eq!(status(c).await, ("SETTLED".to_owned(), None));
+}
+
+/// Two intake writers and small batches, so that requests with one key race in different
+/// transactions: every key makes exactly one transfer (one 201, the others 200 replays of
+/// it), and every transfer has exactly one outbox row, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_hold_across_concurrent_batches() {
+    let (env, app) = spawn_app(|c| {
+        c.pipelines.outbox = false;
+        c.http.intake_writers = 2;
+        c.http.intake_batch_max = 4;
+    })
+    .await;
+    let requests = (0..60).map(|i| {
+        let key = format!("key-{}", i % 6);
+        let body = transfer(&format!("acc-{}", i % 6), 100 + i64::from(i % 6));
+        let request =
+            app.client.post(format!("{}/transfers", app.intake_url)).header("Idempotency-Key", &key).json(&body);
+        async move {
+            let res = request.send().await.expect("POST /transfers");
+            let status = res.status();
+            (key, status, json_body(res).await)
+        }
+    });
+    let answers = join_all(requests).await;
+    for k in 0..6 {
+        let key = format!("key-{k}");
+        let of_key: Vec<_> = answers.iter().filter(|(k, _, _)| *k == key).collect();
+        let created: Vec<_> = of_key.iter().filter(|(_, s, _)| *s == StatusCode::CREATED).collect();
+        assert_eq!(created.len(), 1, "{key}: {of_key:?}");
+        let id = &created[0].2["id"];
+        assert!(
+            of_key.iter().all(|(_, s, body)| *s == StatusCode::CREATED || (*s == StatusCode::OK && &body["id"] == id)),
+            "{key}: {of_key:?}"
+        );
+    }
+    assert_eq!(env.db.count("transfers").await, 6);
+    let joined = env
+        .db
+        .scalar_i64(
+            "SELECT count(*) FROM transfers t JOIN outbox_events o ON (o.payload::json->>'transferId')::uuid = t.id",
+            &[],
+        )
+        .await;
+    assert_eq!((joined, env.db.count("outbox_events").await), (6, 6), "one outbox row per transfer, naming it");
+}
+
+/// A poison status move (a rejection reason PostgreSQL cannot store) in a batch with good
+/// ones: the batch is written again in halves, the good moves land, and only the poison
+/// record is dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_move_fails_alone_and_the_rest_of_its_batch_lands() {
+    let (env, app) = spawn_app(|c| run_only(c, &["projection"])).await;
+    let ids: Vec<Uuid> = (0..30).map(|_| Uuid::now_v7()).collect();
+    for id in &ids {
+        env.db
+            .execute(
+                "INSERT INTO transfers (id, source_account, destination_account, amount_cents, currency, status) \
+                 VALUES ($1, 'acc-a', 'acc-b', 100, 'BRL', 'PENDING')",
+                &[id],
+            )
+            .await;
+    }
+    // Hold the projection's statements until every record is in, so they batch.
+    let holder = env.db.connect().await;
+    holder.batch_execute("BEGIN; LOCK TABLE transfers IN SHARE MODE").await.expect("lock transfers");
+    let producer = producer(env.bootstrap());
+    let poison = ids[15];
+    for id in &ids {
+        let reason = if *id == poison { "NUL\u{0}BYTE" } else { "INSUFFICIENT_FUNDS" };
+        let event = json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": reason, "rejectedAt": "2026-11-30T00:00:00Z" });
+        produce(&producer, "transfers.rejected", None, &id.to_string(), event.to_string().as_bytes(), &[]).await;
+    }
+    wait_until("the projection's writers wait on the lock", Deadline::DEFAULT, || async {
+        let waiting = env
+            .db
+            .scalar_i64(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                &[],
+            )
+            .await;
+        if waiting > 0 {
+            Ok(())
+        } else {
+            Err("no backend waits on a lock yet".to_owned())
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    holder.batch_execute("COMMIT").await.expect("release the lock");
+
+    wait_until("29 rejections projected", Deadline::DEFAULT, || async {
+        match env.db.scalar_i64("SELECT count(*) FROM transfers WHERE status = 'REJECTED'", &[]).await {
+            29 => Ok(()),
+            n => Err(format!("{n} rejected")),
+        }
+    })
+    .await;
+    wait_until("the poison record dead-lettered", Deadline::DEFAULT, || async {
+        let m = app.metrics().await;
+        match metric_value(&m, r#"tally_dlt_records_total{topic="transfers.rejected-dlt"}"#) {
+            Some(n) if n >= 1.0 => Ok(()),
+            other => Err(format!("{other:?} dead letters")),
+        }
+    })
+    .await;
+    let status = env.db.query("SELECT status FROM transfers WHERE id = $1", &[&poison]).await;
+    assert_eq!(status[0].get::<_, String>(0), "PENDING", "the poison move did not land");
+    let m = app.metrics().await;
+    assert_eq!(metric_value(&m, r#"tally_dlt_records_total{topic="transfers.rejected-dlt"}"#), Some(1.0));
+    let batches = metric_value(&m, r#"tally_group_commit_batch_size_count{writes="projection"}"#).unwrap_or(0.0);
+    let moves = metric_value(&m, r#"tally_group_commit_batch_size_sum{writes="projection"}"#).unwrap_or(0.0);
+    assert_eq!(moves, 29.0, "every good move committed once, in {batches} statements");
 }
