@@ -1,6 +1,7 @@
 //! The notifier's database calls as group commits: the delivery checks of records handled
 //! at once share one query, and their delivery records one insert. Each has one writer, so
-//! the two together use at most the two connections of the notifications' default pool.
+//! the two together leave one connection of the notifications' default pool of 3 to the
+//! dead letters.
 
 use std::time::Duration;
 
@@ -16,6 +17,10 @@ use crate::store::notifications::{self, Delivery};
 use crate::store::PgPool;
 use crate::supervise::{ErrorClass, HandlerError};
 
+/// How long a delivery record may wait for its writer: long enough that only a database
+/// gone for good refuses it.
+pub const RECORD_WAIT: Duration = Duration::from_secs(3_600);
+
 /// Both group commits of a notifier.
 #[derive(Clone)]
 pub(super) struct Writes {
@@ -24,13 +29,16 @@ pub(super) struct Writes {
 }
 
 impl Writes {
-    /// Starts both on the current actix system, over `pool`; an item waits at most
-    /// `max_wait` to be taken.
+    /// Starts both on the current actix system, over `pool`. A lookup waits at most
+    /// `max_wait` to be taken; a delivery record is never shed (it is written after the
+    /// webhook got the event: refusing it would send the event again), only bounded by
+    /// [`RECORD_WAIT`].
     pub fn start(pool: &PgPool, metrics: &Metrics, max_wait: Duration) -> Self {
-        let settings = GroupCommitSettings { max_batch: 256, writers: 1, max_wait };
+        let lookups = GroupCommitSettings { max_batch: 256, writers: 1, max_wait };
+        let records = GroupCommitSettings { max_wait: RECORD_WAIT, ..lookups };
         Self {
-            seen: GroupCommit::start("notifications_seen", SeenBatch, pool.clone(), settings, metrics),
-            delivered: GroupCommit::start("notifications_delivered", DeliveredBatch, pool.clone(), settings, metrics),
+            seen: GroupCommit::start("notifications_seen", SeenBatch, pool.clone(), lookups, metrics),
+            delivered: GroupCommit::start("notifications_delivered", DeliveredBatch, pool.clone(), records, metrics),
         }
     }
 }

@@ -76,13 +76,15 @@ impl Batch for StatusBatch {
     }
 }
 
-/// A refused group commit item as a handler error: the database unavailable, or a
-/// transient failure the record's retries wait out.
+/// A refused group commit item as a handler error. A database too slow to take it, or
+/// writers stopping, are `Unavailable`, like a pool timeout: the record waits without
+/// spending its retries. A broken write is transient.
 pub(crate) fn refused(stage: &str, why: Refusal<'_>) -> HandlerError {
+    let unavailable = |message: String| HandlerError { class: ErrorClass::Unavailable, message };
     match why {
         Refusal::NoConnection(e) => HandlerError::classified("no database connection", e),
-        Refusal::Overloaded => HandlerError::transient(format!("the {stage}'s database writes are overloaded")),
-        Refusal::Stopped => HandlerError::transient(format!("the {stage}'s database writers have stopped")),
+        Refusal::Overloaded => unavailable(format!("the {stage}'s database writes are overloaded")),
+        Refusal::Stopped => unavailable(format!("the {stage}'s database writers have stopped")),
         Refusal::Broken => HandlerError::transient(format!("the {stage}'s database write failed")),
     }
 }

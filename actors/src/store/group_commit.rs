@@ -8,20 +8,24 @@
 //!
 //! What bounds it:
 //! - **Time.** An item waits at most `max_wait` for a place in the queue and, once queued,
-//!   for a writer to take it; past that it is answered [`Refusal::Overloaded`] without
-//!   being written, as a caller waiting for a pooled connection would have been.
+//!   for a writer to take it; past that it is answered [`Refusal::Overloaded`] and never
+//!   written, as a caller waiting for a pooled connection would have been. Whether the
+//!   writer took it or the caller gave up first is settled once, by a compare-and-swap on
+//!   the item's state; an item taken is waited for to the end.
 //! - **One bad item.** A batch that fails with an error [`Batch::split`] allows (one an
 //!   item can cause: bad data) is written again in halves, down to single items, and each
 //!   half is answered as soon as it commits. Any other error (timeout, deadlock, database
 //!   down) fails the batch whole, once: each caller gets it, as it would have alone.
-//! - **Panics.** A batch whose write panics is answered [`Refusal::Broken`]; the writer
-//!   goes on with the next.
+//! - **Panics.** A batch whose write panics is answered [`Refusal::Broken`] and its
+//!   connection closed (PostgreSQL rolls its transaction back at once); the writer goes on
+//!   with the next.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use diesel_async::pooled_connection::deadpool::PoolError;
+use diesel_async::pooled_connection::deadpool::{Object, PoolError};
 use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -40,20 +44,29 @@ pub enum Refusal<'a> {
     Overloaded,
     /// The group commit has stopped.
     Stopped,
-    /// Its batch's write panicked or answered the wrong number of outcomes.
+    /// Its batch's write panicked (nothing of it committed) or answered the wrong number
+    /// of outcomes (it committed, but whose outcome is which is unknown).
     Broken,
 }
 
 impl Refusal<'_> {
+    const LABELS: [&'static str; 4] = ["no_connection", "overloaded", "stopped", "broken"];
+
     fn label(&self) -> &'static str {
         match self {
-            Self::NoConnection(_) => "no_connection",
-            Self::Overloaded => "overloaded",
-            Self::Stopped => "stopped",
-            Self::Broken => "broken",
+            Self::NoConnection(_) => Self::LABELS[0],
+            Self::Overloaded => Self::LABELS[1],
+            Self::Stopped => Self::LABELS[2],
+            Self::Broken => Self::LABELS[3],
         }
     }
 }
+
+/// Where a queued item stands: the writer takes it, or its caller abandons it, whichever
+/// comes first.
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const ABANDONED: u8 = 2;
 
 /// What a group commit writes, and how its failures reach the callers.
 pub trait Batch: Send + Sync + 'static {
@@ -91,7 +104,7 @@ pub struct GroupCommitSettings {
 
 struct Pending<B: Batch> {
     item: B::Item,
-    queued: Instant,
+    state: Arc<AtomicU8>,
     reply: oneshot::Sender<Result<B::Outcome, B::Error>>,
 }
 
@@ -101,11 +114,30 @@ pub struct GroupCommit<B: Batch> {
     queue: mpsc::Sender<Pending<B>>,
     batch: Arc<B>,
     max_wait: Duration,
+    refused: Refused,
 }
 
 impl<B: Batch> Clone for GroupCommit<B> {
     fn clone(&self) -> Self {
-        Self { queue: self.queue.clone(), batch: Arc::clone(&self.batch), max_wait: self.max_wait }
+        Self {
+            queue: self.queue.clone(),
+            batch: Arc::clone(&self.batch),
+            max_wait: self.max_wait,
+            refused: self.refused.clone(),
+        }
+    }
+}
+
+/// `tally_group_commit_refused_total` of one group commit.
+#[derive(Clone)]
+struct Refused {
+    name: String,
+    counter: IntCounterVec,
+}
+
+impl Refused {
+    fn count(&self, why: &Refusal<'_>) {
+        self.counter.with_label_values(&[&self.name, why.label()]).inc();
     }
 }
 
@@ -120,20 +152,24 @@ impl<B: Batch> GroupCommit<B> {
         let (queue, rx) = mpsc::channel(max_batch * writers * 4);
         let rx = Arc::new(Mutex::new(rx));
         let batch = Arc::new(batch);
+        let refused = Refused { name: name.to_owned(), counter: metrics.group_commit_refused_total.clone() };
+        // At 0 from the start: an alert on their increase sees the first one too.
+        for reason in Refusal::LABELS {
+            refused.counter.with_label_values(&[name, reason]).inc_by(0);
+        }
         for _ in 0..writers {
             let writer = Writer {
                 queue: Arc::clone(&rx),
                 pool: pool.clone(),
                 batch: Arc::clone(&batch),
                 max_batch,
-                max_wait: settings.max_wait,
                 name: name.to_owned(),
                 sizes: metrics.group_commit_batch_size.with_label_values(&[name]),
-                refused: metrics.group_commit_refused_total.clone(),
+                refused: refused.clone(),
             };
             actix::spawn(writer.run());
         }
-        Self { queue, batch, max_wait: settings.max_wait }
+        Self { queue, batch, max_wait: settings.max_wait, refused }
     }
 
     /// Writes `item` in the next batch; its outcome once that batch has committed.
@@ -141,14 +177,29 @@ impl<B: Batch> GroupCommit<B> {
     /// # Errors
     /// The error of the transaction that did not write it, or [`Batch::refused`].
     pub async fn submit(&self, item: B::Item) -> Result<B::Outcome, B::Error> {
-        let (reply, outcome) = oneshot::channel();
-        let pending = Pending { item, queued: Instant::now(), reply };
-        match tokio::time::timeout(self.max_wait, self.queue.send(pending)).await {
+        let deadline = tokio::time::Instant::now() + self.max_wait;
+        let (reply, mut outcome) = oneshot::channel();
+        let state = Arc::new(AtomicU8::new(QUEUED));
+        let pending = Pending { item, state: Arc::clone(&state), reply };
+        match tokio::time::timeout_at(deadline, self.queue.send(pending)).await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => return Err(self.batch.refused(Refusal::Stopped)),
-            Err(_) => return Err(self.batch.refused(Refusal::Overloaded)),
+            Ok(Err(_)) => return Err(self.refuse(Refusal::Stopped)),
+            Err(_) => return Err(self.refuse(Refusal::Overloaded)),
         }
-        outcome.await.map_err(|_| self.batch.refused(Refusal::Stopped))?
+        let answered = match tokio::time::timeout_at(deadline, &mut outcome).await {
+            Ok(answered) => answered,
+            // Not taken in time: abandoned, never written. Taken meanwhile: wait it out.
+            Err(_) if state.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
+                return Err(self.refuse(Refusal::Overloaded));
+            }
+            Err(_) => outcome.await,
+        };
+        answered.map_err(|_| self.refuse(Refusal::Stopped))?
+    }
+
+    fn refuse(&self, why: Refusal<'_>) -> B::Error {
+        self.refused.count(&why);
+        self.batch.refused(why)
     }
 }
 
@@ -159,10 +210,9 @@ struct Writer<B: Batch> {
     pool: PgPool,
     batch: Arc<B>,
     max_batch: usize,
-    max_wait: Duration,
     name: String,
     sizes: Histogram,
-    refused: IntCounterVec,
+    refused: Refused,
 }
 
 impl<B: Batch> Writer<B> {
@@ -171,11 +221,9 @@ impl<B: Batch> Writer<B> {
             let mut items = Vec::with_capacity(pending.len());
             let mut replies = Vec::with_capacity(pending.len());
             for p in pending {
-                if p.reply.is_closed() {
-                    // Its caller stopped waiting: it never learns the outcome.
-                } else if p.queued.elapsed() > self.max_wait {
-                    self.refuse(p.reply, Refusal::Overloaded);
-                } else {
+                // Skipped when its caller gave up on it (answered Overloaded) or is gone.
+                let taken = p.state.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_ok();
+                if taken && !p.reply.is_closed() {
                     items.push(p.item);
                     replies.push(p.reply);
                 }
@@ -203,7 +251,7 @@ impl<B: Batch> Writer<B> {
     }
 
     fn refuse(&self, reply: Reply<B>, why: Refusal<'_>) {
-        self.refused.with_label_values(&[&self.name, why.label()]).inc();
+        self.refused.count(&why);
         let _ = reply.send(Err(self.batch.refused(why)));
     }
 
@@ -211,8 +259,8 @@ impl<B: Batch> Writer<B> {
     /// it commits; on an error that allows it, writes each half the same way.
     fn write(&self, mut items: Vec<B::Item>, mut replies: Vec<Reply<B>>) -> BoxFuture<'_, ()> {
         async move {
-            let written = match self.pool.get().await {
-                Ok(mut conn) => AssertUnwindSafe(self.batch.write(&mut conn, &items)).catch_unwind().await,
+            let mut conn = match self.pool.get().await {
+                Ok(conn) => conn,
                 Err(e) => {
                     for reply in replies {
                         self.refuse(reply, Refusal::NoConnection(&e));
@@ -220,6 +268,14 @@ impl<B: Batch> Writer<B> {
                     return;
                 }
             };
+            let written = AssertUnwindSafe(self.batch.write(&mut conn, &items)).catch_unwind().await;
+            if written.is_err() {
+                // Its transaction may still be open, holding locks: close the connection
+                // (PostgreSQL rolls back at once) rather than leave it idle in the pool.
+                drop(Object::take(conn));
+            } else {
+                drop(conn);
+            }
             match written {
                 Ok(Ok(outcomes)) if outcomes.len() == replies.len() => {
                     self.sizes.observe(items.len() as f64);

@@ -210,9 +210,7 @@ pub struct Finish {
 /// Any database error; then none moved.
 pub async fn finish_all(conn: &mut AsyncPgConnection, moves: &[Finish]) -> Result<Vec<bool>, diesel::result::Error> {
     let mut seen = HashSet::new();
-    let mut first: Vec<&Finish> = moves.iter().filter(|m| seen.insert(m.id)).collect();
-    // In id order: two statements that share transfers lock them in one order.
-    first.sort_by_key(|m| m.id);
+    let first: Vec<&Finish> = moves.iter().filter(|m| seen.insert(m.id)).collect();
     let ids: Vec<Uuid> = first.iter().map(|m| m.id).collect();
     let statuses: Vec<&str> = first.iter().map(|m| m.status).collect();
     let reasons: Vec<Option<&str>> = first.iter().map(|m| m.reason.as_deref()).collect();

@@ -179,7 +179,8 @@ impl Stream {
         self.next += 1;
         let (from, to) = pair(n, self.accounts);
         let partition = (from % self.partitions as usize) as i32;
-        let transfer_id = Uuid::new_v4();
+        // Time-ordered, as the intake makes them.
+        let transfer_id = Uuid::now_v7();
         let at_ms = epoch_ms();
         let event = serde_json::to_string(&TransferAnalyzed {
             event_id: tally_schema::derived_event_id("analyzed", transfer_id),

@@ -187,7 +187,8 @@ impl Backlog {
             let over = self.rng.below(50) == 0;
             self.insufficient += usize::from(over);
             let amount: i64 = if over { 10_000_000_000 } else { 1 + self.rng.below(1_000) as i64 };
-            let transfer_id = Uuid::new_v4();
+            // Time-ordered, as the intake makes them.
+            let transfer_id = Uuid::now_v7();
             let event = json!({
                 "eventId": tally_schema::derived_event_id("analyzed", transfer_id),
                 "transferId": transfer_id, "sourceAccount": account(from), "destinationAccount": account(to),

@@ -203,6 +203,12 @@ pub(super) fn validate(config: &Config) -> Result<(), ConfigError> {
             ),
         );
     }
+    if config.pool_size(DbPool::Notifications) < 2 {
+        return invalid(
+            "database.pools.notifications",
+            "must be at least 2: one connection for the delivery lookups, one for the delivery records",
+        );
+    }
     let (ledger, batches) = (config.pool_size(DbPool::Ledger), config.ledger.max_concurrent_batches);
     if ledger < batches {
         return invalid(

@@ -32,6 +32,10 @@ pub enum ApiError {
     Forbidden,
     #[error("service unavailable: {0}")]
     Unavailable(String),
+    /// The write may or may not have committed (the connection was lost during it): retry
+    /// only with the same `Idempotency-Key`.
+    #[error("the outcome is unknown ({0}): retry only with the same Idempotency-Key")]
+    OutcomeUnknown(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -51,6 +55,7 @@ impl ApiError {
             Self::Unauthorized => "unauthorized",
             Self::Forbidden => "forbidden",
             Self::Unavailable(_) => "unavailable",
+            Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::Internal(_) => "internal",
         }
     }
@@ -68,7 +73,7 @@ impl ResponseError for ApiError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Internal(_) | Self::OutcomeUnknown(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

@@ -164,9 +164,14 @@ impl Batch for IntakeBatch {
         items: &'a [Intake],
     ) -> BoxFuture<'a, Result<Vec<Created>, IntakeError>> {
         async move {
-            transfers::create_transfers(conn, items, &self.topic)
-                .await
-                .map_err(|e| IntakeError { bad_data: e.class() == ErrorClass::Poison, answer: e.into() })
+            transfers::create_transfers(conn, items, &self.topic).await.map_err(|e| match e.class() {
+                // Lost mid-transaction: the COMMIT may have reached the server.
+                ErrorClass::Unavailable => IntakeError {
+                    answer: ApiError::OutcomeUnknown("the database connection was lost during the write".into()),
+                    bad_data: false,
+                },
+                class => IntakeError { bad_data: class == ErrorClass::Poison, answer: e.into() },
+            })
         }
         .boxed()
     }
@@ -176,7 +181,7 @@ impl Batch for IntakeBatch {
             Refusal::NoConnection(e) => ApiError::Unavailable(format!("database unavailable: {e}")),
             Refusal::Overloaded => ApiError::Unavailable("the intake is overloaded: retry later".into()),
             Refusal::Stopped => ApiError::Unavailable("the intake is stopping".into()),
-            Refusal::Broken => ApiError::Internal("the intake's write failed".into()),
+            Refusal::Broken => ApiError::OutcomeUnknown("the intake's write failed".into()),
         };
         IntakeError { answer, bad_data: false }
     }

@@ -26,7 +26,8 @@ use crate::config::{HttpConfig, Secret, TopicsConfig};
 
 /// Shared state of both listeners.
 pub struct AppState {
-    /// The HTTP pool (`database.pools.http`): intake and admin requests.
+    /// The HTTP pool (`database.pools.http`): intake and admin requests but for the writes
+    /// of `POST /transfers` (their group commit has a pool of its own).
     pub pool: PgPool,
     /// The pool of every stage that runs here, by name, for the `tally_db_pool_*` gauges.
     pub pools: Vec<(&'static str, PgPool)>,

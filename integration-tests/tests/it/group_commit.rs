@@ -18,6 +18,33 @@ use tally_integration_tests::{
 };
 use uuid::Uuid;
 
+/// Waits until a backend of the test database waits on a lock (a writer held by the test).
+async fn wait_for_a_lock_waiter(db: &TestDb, what: &str) {
+    wait_until(what, Deadline::DEFAULT, || async {
+        let waiting = db
+            .scalar_i64(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                &[],
+            )
+            .await;
+        if waiting > 0 {
+            Ok(())
+        } else {
+            Err("no backend waits on a lock yet".to_owned())
+        }
+    })
+    .await;
+}
+
+/// Outbox rows whose payload names a transfer that exists.
+async fn outbox_rows_naming_a_transfer(db: &TestDb) -> i64 {
+    db.scalar_i64(
+        "SELECT count(*) FROM transfers t JOIN outbox_events o ON (o.payload::json->>'transferId')::uuid = t.id",
+        &[],
+    )
+    .await
+}
+
 fn transfer(source: &str, amount: i64) -> Value {
     json!({ "sourceAccount": source, "destinationAccount": "acc-z", "amountCents": amount, "currency": "BRL" })
 }
@@ -47,21 +74,7 @@ async fn requests_that_wait_share_a_transaction_and_keys_make_one_transfer_each(
     let holder = env.db.connect().await;
     holder.batch_execute("BEGIN; LOCK TABLE transfers IN SHARE MODE").await.expect("lock transfers");
     let first = tokio::spawn(post(transfer("acc-first", 1), None));
-    wait_until("the writer waits on the lock", Deadline::DEFAULT, || async {
-        let waiting = env
-            .db
-            .scalar_i64(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
-                &[],
-            )
-            .await;
-        if waiting > 0 {
-            Ok(())
-        } else {
-            Err("no backend waits on a lock yet".to_owned())
-        }
-    })
-    .await;
+    wait_for_a_lock_waiter(&env.db, "the writer waits on the lock").await;
 
     let mut requests = Vec::new();
     for i in 0..30 {
@@ -111,13 +124,7 @@ async fn requests_that_wait_share_a_transaction_and_keys_make_one_transfer_each(
 
     // 1 + 30 + 1 + 1 transfers, each with one outbox row naming it.
     assert_eq!(env.db.count("transfers").await, 33);
-    let joined = env
-        .db
-        .scalar_i64(
-            "SELECT count(*) FROM transfers t JOIN outbox_events o ON (o.payload::json->>'transferId')::uuid = t.id",
-            &[],
-        )
-        .await;
+    let joined = outbox_rows_naming_a_transfer(&env.db).await;
     assert_eq!(joined, 33, "each outbox row names its transfer");
     let rows = env.db.query("SELECT payload FROM outbox_events", &[]).await;
     let ids: HashSet<String> = rows
@@ -214,13 +221,7 @@ async fn keys_hold_across_concurrent_batches() {
         );
     }
     assert_eq!(env.db.count("transfers").await, 6);
-    let joined = env
-        .db
-        .scalar_i64(
-            "SELECT count(*) FROM transfers t JOIN outbox_events o ON (o.payload::json->>'transferId')::uuid = t.id",
-            &[],
-        )
-        .await;
+    let joined = outbox_rows_naming_a_transfer(&env.db).await;
     assert_eq!((joined, env.db.count("outbox_events").await), (6, 6), "one outbox row per transfer, naming it");
 }
 
@@ -250,21 +251,7 @@ async fn a_poison_move_fails_alone_and_the_rest_of_its_batch_lands() {
         let event = json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": reason, "rejectedAt": "2026-11-30T00:00:00Z" });
         produce(&producer, "transfers.rejected", None, &id.to_string(), event.to_string().as_bytes(), &[]).await;
     }
-    wait_until("the projection's writers wait on the lock", Deadline::DEFAULT, || async {
-        let waiting = env
-            .db
-            .scalar_i64(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
-                &[],
-            )
-            .await;
-        if waiting > 0 {
-            Ok(())
-        } else {
-            Err("no backend waits on a lock yet".to_owned())
-        }
-    })
-    .await;
+    wait_for_a_lock_waiter(&env.db, "the projection's writers wait on the lock").await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     holder.batch_execute("COMMIT").await.expect("release the lock");
 
