@@ -2,6 +2,8 @@
 //! `[database.pools]`, their connections named `tally-<pool>` in `pg_stat_activity`. Every
 //! pool is lazy: a stage that does not run opens no connection.
 
+use std::collections::HashMap;
+
 use anyhow::Context;
 use tally_actors::store::{build_pool, PgPool, PoolSettings};
 use tracing::{info, warn};
@@ -11,14 +13,7 @@ use crate::config::{Config, DbPool};
 /// A pool per stage. Each stage takes connections from its own only.
 #[derive(Clone)]
 pub struct Pools {
-    http: PgPool,
-    intake: PgPool,
-    outbox: PgPool,
-    ledger: PgPool,
-    antifraud: PgPool,
-    projection: PgPool,
-    orders: PgPool,
-    notifications: PgPool,
+    by_stage: HashMap<DbPool, PgPool>,
 }
 
 impl Pools {
@@ -27,35 +22,22 @@ impl Pools {
     /// # Errors
     /// When a pool cannot be built.
     pub fn build(config: &Config) -> anyhow::Result<Self> {
-        let build = |pool: DbPool| {
-            build_pool(&settings(config, pool))
-                .with_context(|| format!("cannot build the {} database pool", pool.name()))
-        };
-        Ok(Self {
-            http: build(DbPool::Http)?,
-            intake: build(DbPool::Intake)?,
-            outbox: build(DbPool::Outbox)?,
-            ledger: build(DbPool::Ledger)?,
-            antifraud: build(DbPool::Antifraud)?,
-            projection: build(DbPool::Projection)?,
-            orders: build(DbPool::Orders)?,
-            notifications: build(DbPool::Notifications)?,
-        })
+        let by_stage = DbPool::ALL
+            .into_iter()
+            .map(|pool| {
+                let built = build_pool(&settings(config, pool))
+                    .with_context(|| format!("cannot build the {} database pool", pool.name()))?;
+                Ok((pool, built))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self { by_stage })
     }
 
     /// The pool of `pool`'s stage.
     #[must_use]
     pub fn get(&self, pool: DbPool) -> &PgPool {
-        match pool {
-            DbPool::Http => &self.http,
-            DbPool::Intake => &self.intake,
-            DbPool::Outbox => &self.outbox,
-            DbPool::Ledger => &self.ledger,
-            DbPool::Antifraud => &self.antifraud,
-            DbPool::Projection => &self.projection,
-            DbPool::Orders => &self.orders,
-            DbPool::Notifications => &self.notifications,
-        }
+        // Built for every stage of `DbPool::ALL`.
+        &self.by_stage[&pool]
     }
 
     /// `pools` by name, for the `tally_db_pool_*` gauges.
