@@ -134,6 +134,21 @@ impl EmbeddedBroker {
         check(unsafe { rdsys::rd_kafka_mock_broker_set_down(self.cluster.as_ptr(), id) })
     }
 
+    /// Makes broker `broker_id` the coordinator of `key`: a group id (`kind` "group") or a
+    /// transactional id (`kind` "transaction"). Without it the mock picks one by hashing.
+    ///
+    /// # Errors
+    /// When `kind` or `key` contains NUL, or the mock refuses.
+    pub fn set_coordinator(&self, kind: &str, key: &str, broker_id: i32) -> anyhow::Result<()> {
+        let kind = CString::new(kind).context("coordinator kind contains NUL")?;
+        let key = CString::new(key).context("coordinator key contains NUL")?;
+        // SAFETY: live cluster; NUL-terminated strings that outlive the call (the mock
+        // copies them).
+        check(unsafe {
+            rdsys::rd_kafka_mock_coordinator_set(self.cluster.as_ptr(), kind.as_ptr(), key.as_ptr(), broker_id)
+        })
+    }
+
     /// Adds `rtt` to every answer of broker `id` (zero removes it).
     ///
     /// # Errors

@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{SubsecRound, Utc};
@@ -224,7 +225,8 @@ pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut item
                     attempt += 1;
                     metrics.kafka_transactions_total.with_label_values(&["failed"]).inc();
                     must_rewind = recover(producer, spec, metrics, &failure, attempt, items.len());
-                    if let Some(index) = failure.refused.filter(|_| permanently_refused(&failure.error)) {
+                    let refused_for_good = failure.error.kafka().is_some_and(permanently_refused);
+                    if let Some(index) = failure.refused.filter(|_| refused_for_good) {
                         if items.get(index).is_some_and(|item| store_refused(io, item, &failure.error.to_string())) {
                             items[index].stored = true;
                             continue;
@@ -258,8 +260,8 @@ fn attempt_transaction<'a>(
 ) -> Result<(), TxnFailure> {
     let LoopIo { consumer, spec, metrics, stopping, .. } = *io;
     // Taken once: retries of this transaction send its offsets under this generation.
-    let Some(group) = consumer.group_metadata() else {
-        let error = KafkaError::ConsumerCommit(RDKafkaErrorCode::InvalidGroupId);
+    let Some(group) = consumer.group_metadata().map(Arc::new) else {
+        let error = KafkaError::ConsumerCommit(RDKafkaErrorCode::InvalidGroupId).into();
         return Err(TxnFailure { error, phase: Phase::Produce, open: false, refused: None });
     };
     let sending: Vec<usize> = (0..items.len()).filter(|&i| !items[i].stored).collect();
@@ -303,7 +305,7 @@ fn recover(
     attempt: u32,
     records: usize,
 ) -> bool {
-    let lost = lost_membership(&failure.error);
+    let lost = failure.error.kafka().is_some_and(lost_membership);
     if recovery(failure) == Recovery::Renew {
         warn!(pipeline = PIPELINE, error = %failure.error, attempt, records,
               "Transaction failed fatally; re-creating the producer, then redoing what is not committed.");
@@ -326,7 +328,7 @@ fn recover(
 }
 
 fn renew(producer: &mut TxnProducer, spec: &AntifraudSpec, metrics: &Metrics) {
-    match new_producer(spec) {
+    match new_producer(spec, metrics) {
         Ok(p) => {
             *producer = p;
             metrics.kafka_transactions_total.with_label_values(&["producer_renewed"]).inc();

@@ -176,7 +176,7 @@ impl Antifraud {
         // retries under its own policy, counted in retries).
         metrics.pipeline_paused.with_label_values(&[PIPELINE]).set(0);
         metrics.retries_total.with_label_values(&[PIPELINE]).inc_by(0);
-        for outcome in ["committed", "failed", "aborted", "retried", "producer_renewed"] {
+        for outcome in ["committed", "failed", "aborted", "retried", "producer_renewed", "producer_wedged"] {
             metrics.kafka_transactions_total.with_label_values(&[outcome]).inc_by(0);
         }
         let mut consumer_config = spec.consumer.clone();
@@ -203,7 +203,7 @@ impl Antifraud {
         }));
         let consumer: BaseConsumer<AntifraudContext> = consumer_config.create_with_context(context)?;
         consumer.subscribe(&[&spec.input])?;
-        let producer = new_producer(&spec)?;
+        let producer = new_producer(&spec, &metrics)?;
         let stopping = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stopping);
         let loop_status = Arc::clone(&status);

@@ -2,6 +2,10 @@
 //! per batch (outputs plus the consumer offsets), and how a failure is told apart.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
@@ -12,16 +16,65 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::output::Output;
 use super::{AntifraudSpec, PIPELINE};
 use crate::consume::Record;
+use crate::metrics::Metrics;
 
-/// A producer that serves its delivery reports on a thread of its own: transaction calls
-/// (abort in particular) wait until every outstanding report was served, which a producer
-/// polled only by the loop could never do while the loop waits in the call.
-pub(super) type TxnProducer = ThreadedProducer<DefaultProducerContext>;
+/// The transactional producer. It serves its delivery reports on a thread of its own:
+/// transaction calls (abort in particular) wait until every outstanding report was served,
+/// which a producer polled only by the loop could never do while the loop waits in the
+/// call. It is shared with the thread that adds offsets to a transaction
+/// ([`send_offsets`]), and once a call of it never came back it is given up (`wedged`).
+pub(super) struct TxnProducer {
+    producer: Arc<ThreadedProducer<DefaultProducerContext>>,
+    wedged: AtomicBool,
+    metrics: Metrics,
+}
 
-pub(super) fn new_producer(spec: &AntifraudSpec) -> KafkaResult<TxnProducer> {
-    let producer: TxnProducer = spec.producer.create()?;
+impl Deref for TxnProducer {
+    type Target = ThreadedProducer<DefaultProducerContext>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.producer
+    }
+}
+
+pub(super) fn new_producer(spec: &AntifraudSpec, metrics: &Metrics) -> KafkaResult<TxnProducer> {
+    let producer: ThreadedProducer<DefaultProducerContext> = spec.producer.create()?;
     producer.init_transactions(spec.transaction_timeout)?;
-    Ok(producer)
+    Ok(TxnProducer { producer: Arc::new(producer), wedged: AtomicBool::new(false), metrics: metrics.clone() })
+}
+
+/// Why a transaction call failed: librdkafka said so, or the call never came back.
+#[derive(Debug)]
+pub(super) enum TxnError {
+    Kafka(KafkaError),
+    /// A call of the producer blocked past its own timeout and then as long again: the
+    /// producer is wedged ([`send_offsets`]) and must be replaced.
+    Wedged,
+}
+
+impl TxnError {
+    /// The librdkafka error, if that is what it is.
+    pub(super) fn kafka(&self) -> Option<&KafkaError> {
+        match self {
+            Self::Kafka(e) => Some(e),
+            Self::Wedged => None,
+        }
+    }
+}
+
+impl fmt::Display for TxnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Kafka(e) => e.fmt(f),
+            Self::Wedged => f.write_str("a call of the transactional producer never came back: it is wedged"),
+        }
+    }
+}
+
+impl From<KafkaError> for TxnError {
+    fn from(e: KafkaError) -> Self {
+        Self::Kafka(e)
+    }
 }
 
 /// How far a transaction got before it failed.
@@ -39,7 +92,7 @@ pub(super) enum Phase {
 /// transaction is open (to abort), and the index of the output whose send the producer
 /// refused at once, if that was the cause.
 pub(super) struct TxnFailure {
-    pub error: KafkaError,
+    pub error: TxnError,
     pub phase: Phase,
     pub open: bool,
     pub refused: Option<usize>,
@@ -53,14 +106,18 @@ pub(super) enum Recovery {
     Retry,
     /// The transaction must be aborted; its records are produced again in a new one.
     Abort,
-    /// The producer is unusable (fenced, or a fatal error): re-create it, which completes
-    /// or aborts its open transaction, then redo only what the group's committed offsets
-    /// say is not done.
+    /// The producer is unusable (fenced, a fatal error, or wedged): re-create it, which
+    /// completes or aborts its open transaction, then redo only what the group's committed
+    /// offsets say is not done.
     Renew,
 }
 
 pub(super) fn recovery(failure: &TxnFailure) -> Recovery {
-    match &failure.error {
+    let error = match &failure.error {
+        TxnError::Kafka(e) => e,
+        TxnError::Wedged => return Recovery::Renew,
+    };
+    match error {
         KafkaError::Transaction(t) if t.is_fatal() => Recovery::Renew,
         KafkaError::Transaction(t) if t.txn_requires_abort() => Recovery::Abort,
         KafkaError::Transaction(t) if t.is_retriable() && failure.phase != Phase::Produce => Recovery::Retry,
@@ -106,13 +163,16 @@ pub(super) fn permanently_refused(e: &KafkaError) -> bool {
 /// under the group metadata `group`.
 pub(super) fn transact(
     producer: &TxnProducer,
-    group: &ConsumerGroupMetadata,
+    group: &Arc<ConsumerGroupMetadata>,
     outputs: &[&Output],
     offsets: &TopicPartitionList,
     spec: &AntifraudSpec,
 ) -> Result<(), TxnFailure> {
+    if producer.wedged.load(Ordering::Relaxed) {
+        return Err(TxnFailure { error: TxnError::Wedged, phase: Phase::Produce, open: false, refused: None });
+    }
     producer.begin_transaction().map_err(|error| TxnFailure {
-        error,
+        error: error.into(),
         phase: Phase::Produce,
         open: false,
         refused: None,
@@ -137,7 +197,12 @@ pub(super) fn transact(
                     pending = back;
                 }
                 Err((error, _)) => {
-                    return Err(TxnFailure { error, phase: Phase::Produce, open: true, refused: Some(index) })
+                    return Err(TxnFailure {
+                        error: error.into(),
+                        phase: Phase::Produce,
+                        open: true,
+                        refused: Some(index),
+                    })
                 }
             }
         }
@@ -160,13 +225,13 @@ pub(super) fn transact(
 /// generation commit.
 pub(super) fn finish(
     producer: &TxnProducer,
-    group: &ConsumerGroupMetadata,
+    group: &Arc<ConsumerGroupMetadata>,
     offsets: &TopicPartitionList,
     spec: &AntifraudSpec,
     phase: Phase,
 ) -> Result<(), TxnFailure> {
     if phase != Phase::Commit {
-        producer.send_offsets_to_transaction(offsets, group, spec.call_timeout).map_err(|error| TxnFailure {
+        send_offsets(producer, offsets, group, spec.call_timeout).map_err(|error| TxnFailure {
             error,
             phase: Phase::SendOffsets,
             open: true,
@@ -175,11 +240,72 @@ pub(super) fn finish(
     }
     let left = await_deliveries(producer, spec.call_timeout);
     producer.commit_transaction(left).map_err(|error| TxnFailure {
-        error,
+        error: error.into(),
         phase: Phase::Commit,
         open: true,
         refused: None,
     })
+}
+
+/// `send_offsets_to_transaction`, on a thread of its own, waited for at most twice
+/// `timeout`. librdkafka (2.12; fixed upstream after its 2.15 release) does not enforce
+/// the call's timeout on the request to the group coordinator: when the broker it cached
+/// as coordinator has left the cluster's metadata (a broker restarted or taken down for a
+/// moment), the call waits for that broker's handle to change state, which it no longer
+/// does, and blocks until some other broker's state changes, if one ever does; every
+/// other transaction call of the producer is refused as conflicting meanwhile. Past the
+/// wait the producer is marked wedged and the call fails as [`TxnError::Wedged`]: the
+/// loop re-creates the producer (whose `init_transactions` fences this one and aborts its
+/// open transaction) and redoes what the committed offsets do not cover. The blocked
+/// thread keeps its handle on the old producer, freed when its call returns.
+///
+/// A healthy call can outlast the wait too (librdkafka checks the timeout only when an
+/// answer comes, and a request may take `socket.timeout.ms`): such a producer is given up
+/// all the same, which is safe (it is fenced) and costs a batch done again; its thread
+/// ends when the answer comes.
+fn send_offsets(
+    producer: &TxnProducer,
+    offsets: &TopicPartitionList,
+    group: &Arc<ConsumerGroupMetadata>,
+    timeout: Duration,
+) -> Result<(), TxnError> {
+    const WAITING: u8 = 0;
+    const RETURNED: u8 = 1;
+    const ABANDONED: u8 = 2;
+    let (tx, rx) = mpsc::sync_channel(1);
+    let state = Arc::new(AtomicU8::new(WAITING));
+    let (shared, offsets, group) = (Arc::clone(&producer.producer), offsets.clone(), Arc::clone(group));
+    let (returned, abandoned) = (Arc::clone(&state), producer.metrics.kafka_producers_abandoned.clone());
+    let spawned = std::thread::Builder::new().name("tally-txn-offsets".into()).spawn(move || {
+        let _ = tx.send(shared.send_offsets_to_transaction(&offsets, &group, timeout));
+        if returned.swap(RETURNED, Ordering::AcqRel) == ABANDONED {
+            abandoned.dec();
+            tracing::info!(pipeline = PIPELINE, "A wedged transactional producer's call returned; it is freed.");
+        }
+    });
+    if let Err(e) = spawned {
+        // Nothing was sent: the transaction is aborted and produced again.
+        tracing::warn!(pipeline = PIPELINE, error = %e, "Cannot start a thread to add the offsets to the transaction.");
+        return Err(TxnError::Kafka(KafkaError::Canceled));
+    }
+    let limit = timeout.saturating_mul(2);
+    if let Ok(result) = rx.recv_timeout(limit) {
+        return result.map_err(TxnError::Kafka);
+    }
+    if state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        // It returned just now: its result is in the channel.
+        return rx.recv().unwrap_or(Err(KafkaError::Canceled)).map_err(TxnError::Kafka);
+    }
+    producer.wedged.store(true, Ordering::Relaxed);
+    producer.metrics.kafka_producers_abandoned.inc();
+    producer.metrics.kafka_transactions_total.with_label_values(&["producer_wedged"]).inc();
+    tracing::error!(
+        pipeline = PIPELINE,
+        waited_ms = limit.as_millis() as u64,
+        "Adding the offsets to the transaction did not come back; the producer is given up as wedged and \
+         re-created."
+    );
+    Err(TxnError::Wedged)
 }
 
 /// Waits (at most `limit`) until the broker acknowledged every record produced and the

@@ -13,7 +13,8 @@
 //!
 //! `TALLY_CHAOS_SEED` replays a schedule (the same seed draws the same faults at the same
 //! offsets; what the daemons do in between is not deterministic), `TALLY_CHAOS_SECS` sets
-//! how long the faults last (default 30; `make chaos` runs 300). On a violation the history is kept under
+//! how long the faults last (default 30; `make chaos` runs 300), `TALLY_CHAOS_LOG` the daemons' log
+//! filter (default `warn`; their logs are `tally-child-<instance>.log` next to the binary). On a violation the history is kept under
 //! `target/chaos/<seed>/` and the test fails with the first violations.
 //!
 //! Each check is shown able to fail: after the verdict on the real run, the final state
@@ -67,7 +68,7 @@ impl Daemon {
             ("TALLY__INSTANCE__ID".into(), format!("chaos-{name}-{}", &Uuid::new_v4().simple().to_string()[..6])),
             ("TALLY__HTTP__INTAKE_ADDR".into(), format!("127.0.0.1:{intake}")),
             ("TALLY__HTTP__ADMIN_ADDR".into(), format!("127.0.0.1:{admin}")),
-            ("TALLY__LOG__LEVEL".into(), "warn".into()),
+            ("TALLY__LOG__LEVEL".into(), std::env::var("TALLY_CHAOS_LOG").unwrap_or_else(|_| "warn".into())),
         ];
         env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         Self {
