@@ -1,7 +1,7 @@
--- tally: every table of the mission (DESIGN.md §4), created up front so later work adds
+-- tally: every table of the engine, created up front so later work adds
 -- logic rather than schema churn. Money is BIGINT cents, currency CHAR(3).
 
--- Intake (seed 001 §4: transferencia).
+-- Intake: one row per accepted transfer request.
 CREATE TABLE transfers (
     id                  UUID         PRIMARY KEY,
     source_account      VARCHAR(32)  NOT NULL,
@@ -16,7 +16,7 @@ CREATE TABLE transfers (
     CHECK (source_account <> destination_account)
 );
 
--- Transactional outbox (seed 001 §4: outbox_evento), shared by every producer of events.
+-- Transactional outbox, shared by every producer of events.
 -- `seq` orders rows of one key; `shard` partitions the key space so that one publisher at
 -- a time owns a key (advisory lock per shard), which keeps per-key order with several
 -- publishers. Unpublished rows are found through the partial index.
@@ -48,7 +48,7 @@ CREATE TRIGGER outbox_events_notify
     AFTER INSERT ON outbox_events
     FOR EACH STATEMENT EXECUTE FUNCTION tally_outbox_notify();
 
--- Ledger (seed 001 §6: conta, lancamento, transferencia_processada).
+-- Ledger: accounts, double-entry postings and the inbox of processed transfers.
 CREATE TABLE accounts (
     id                    VARCHAR(32) PRIMARY KEY,
     balance_cents         BIGINT      NOT NULL CHECK (balance_cents >= 0),
@@ -92,7 +92,7 @@ CREATE TABLE processed_transfers (
     processed_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 
--- Orders (seed 000): reception keyed by the business idempotency key, consumption keyed by
+-- Orders: reception keyed by the business idempotency key, consumption keyed by
 -- the aggregate identity.
 CREATE TABLE orders (
     id                 UUID         PRIMARY KEY,
@@ -114,7 +114,7 @@ CREATE TABLE received_orders (
     received_at        TIMESTAMPTZ  NOT NULL DEFAULT now()
 );
 
--- Notifications (seed 001 §7): one row per delivered event, so a retry never sends twice
+-- Notifications: one row per delivered event, so a retry never sends twice
 -- after a success.
 CREATE TABLE notification_deliveries (
     event_id        UUID         PRIMARY KEY,

@@ -1,0 +1,2 @@
+ALTER TABLE processed_transfers RESET (fillfactor);
+ALTER TABLE transfers RESET (fillfactor);
