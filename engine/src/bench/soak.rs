@@ -3,7 +3,8 @@
 //! first M records alone touch every account) settled by ONE `tally run` child running only
 //! the ledger, on the bench's embedded broker. Per window of W processed records: the
 //! window's records/s and its ratio to the first (flagged below 0.8), the daemon's RSS at
-//! its end and the highest within it, the live account actors and the postings so far.
+//! its end and the highest within it, the live account actors, the postings so far, and
+//! the database server's WAL and checkpoints in the window (`soak/database.rs`).
 //!
 //! - **Throughput** counts `tally_records_total{pipeline="ledger"}` from the child's
 //!   `/metrics` every 200 ms (a counter read costs the same at any size; counting
@@ -42,7 +43,10 @@ use super::plot::{self, Axes, Line};
 use super::{connect, http_get, metric_sum, rss_mib, write_report, Progress};
 use crate::config::Config;
 
+mod database;
+mod table;
 mod windows;
+use database::{Load, Mark, Probe};
 use windows::{ratio, Closed, Windows};
 
 /// The daemon's RSS target, MiB.
@@ -86,6 +90,9 @@ struct Window {
     live_actors: f64,
     /// Rows of `postings` at its end.
     postings: i64,
+    /// WAL and checkpoints of the database server in the window (`None` when its
+    /// statistics cannot be read).
+    database: Option<Load>,
 }
 
 /// One RSS sample.
@@ -115,6 +122,10 @@ struct Report {
     /// The lowest window rate over the first window's.
     slowest_ratio: f64,
     slow_ratio: f64,
+    /// The mean ratio to the first window of the windows in which the database
+    /// checkpointed for WAL volume, and of the others.
+    ratio_with_wal_checkpoint: Option<f64>,
+    ratio_without_wal_checkpoint: Option<f64>,
     windows: Vec<Window>,
     /// The daemon's RSS every second, by records processed.
     rss: Vec<Sample>,
@@ -136,7 +147,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     let daemon = daemons.pop().context("no daemon started")?;
     let report = Soak::new(&site, args, &daemon, topic)?.run()?;
     drop(daemon);
-    print_table(&report);
+    table::print(&report);
     let path = write_report("soak", &report)?;
     println!("JSON: {}", path.display());
     for svg in plots(&report, Path::new("target/bench"))? {
@@ -151,6 +162,9 @@ struct Soak<'a> {
     args: &'a Args,
     daemon: &'a Daemon,
     db: tokio_postgres::Client,
+    /// The database's WAL and checkpoint counters, and their reading at the last window's
+    /// end.
+    probe: Option<(Probe, Mark)>,
     producer: FutureProducer,
     stream: Stream,
     topic: String,
@@ -165,8 +179,20 @@ struct Soak<'a> {
 
 impl<'a> Soak<'a> {
     fn new(site: &'a Site<'a>, args: &'a Args, daemon: &'a Daemon, topic: String) -> anyhow::Result<Self> {
+        let db = site.runtime.block_on(connect(&site.url))?;
+        let probe = site.runtime.block_on(async {
+            let probe = Probe::new(&db).await?;
+            let mark = probe.mark(&db).await?;
+            anyhow::Ok((probe, mark))
+        });
+        let probe = probe
+            .inspect_err(|e| {
+                eprintln!("soak bench: the database's WAL statistics are not readable ({e:#}); no WAL columns")
+            })
+            .ok();
         Ok(Self {
-            db: site.runtime.block_on(connect(&site.url))?,
+            db,
+            probe,
             producer: site.producer()?,
             stream: Stream::new(args.accounts, site.partitions),
             lead: LEAD_PER_PARTITION * usize::try_from(site.partitions.max(1)).unwrap_or(1),
@@ -241,6 +267,13 @@ impl<'a> Soak<'a> {
         };
         self.window_rss = rss_end;
         let postings: i64 = self.site.runtime.block_on(self.db.query_one("SELECT count(*) FROM postings", &[]))?.get(0);
+        let database = match &mut self.probe {
+            Some((probe, last)) => {
+                let now = self.site.runtime.block_on(probe.mark(&self.db))?;
+                Some(now.since(std::mem::replace(last, now)))
+            }
+            None => None,
+        };
         let first = self.done.first().map_or(closed.rate, |w| w.records_per_second);
         let ratio = ratio(closed.rate, first);
         self.done.push(Window {
@@ -254,6 +287,7 @@ impl<'a> Soak<'a> {
             rss_max_mib: rss_max,
             live_actors: metric_sum(metrics, "tally_live_actors", "pipeline=\"ledger\""),
             postings,
+            database,
         });
         Ok(())
     }
@@ -287,6 +321,8 @@ impl<'a> Soak<'a> {
             .map(|s| s.rss_mib)
             .chain(self.done.iter().filter_map(|w| w.rss_max_mib))
             .fold(0.0, f64::max);
+        let (ratio_with_wal_checkpoint, ratio_without_wal_checkpoint) =
+            database::ratio_by_checkpoints(self.done.iter().skip(1).map(|w| (w.ratio_to_first, w.database.as_ref())));
         Report {
             scenario: "soak",
             transfers: self.args.transfers,
@@ -301,6 +337,8 @@ impl<'a> Soak<'a> {
             rss_within_target: max_rss_mib <= TARGET_RSS_MIB,
             slowest_ratio: self.done.iter().map(|w| w.ratio_to_first).fold(f64::INFINITY, f64::min),
             slow_ratio: SLOW_RATIO,
+            ratio_with_wal_checkpoint,
+            ratio_without_wal_checkpoint,
             windows: self.done,
             rss: self.samples,
         }
@@ -330,46 +368,4 @@ fn plots(r: &Report, dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
         &[rss, level(format!("target {TARGET_RSS_MIB:.0} MiB"), TARGET_RSS_MIB)],
     )?;
     Ok(vec![throughput, memory])
-}
-
-fn print_table(r: &Report) {
-    println!();
-    println!(
-        "soak bench: {} transfers over {} accounts, one daemon (ledger only), {} partitions, windows of {}",
-        r.transfers, r.accounts, r.partitions, r.window
-    );
-    println!(
-        "{:>6} {:>10} {:>10} {:>9} {:>8} {:>12} {:>12} {:>11} {:>10}",
-        "window", "processed", "records/s", "vs first", "", "RSS end MiB", "RSS max MiB", "live actors", "postings"
-    );
-    let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
-    for w in &r.windows {
-        println!(
-            "{:>6} {:>10} {:>10.0} {:>8.2}x {:>8} {:>12} {:>12} {:>11.0} {:>10}",
-            w.index,
-            w.records,
-            w.records_per_second,
-            w.ratio_to_first,
-            if w.slow { "SLOW" } else { "" },
-            opt(w.rss_end_mib),
-            opt(w.rss_max_mib),
-            w.live_actors,
-            w.postings
-        );
-    }
-    let slow = r.windows.iter().filter(|w| w.slow).count();
-    println!(
-        "throughput: slowest window {:.2} of the first (target >= {:.2}): {}",
-        r.slowest_ratio,
-        r.slow_ratio,
-        if slow == 0 { "ok".to_owned() } else { format!("{slow} window(s) below") }
-    );
-    println!(
-        "daemon RSS: idle {} MiB, max {:.1} MiB (target <= {:.0} MiB): {}",
-        opt(r.rss_idle_mib),
-        r.max_rss_mib,
-        r.target_rss_mib,
-        if r.rss_within_target { "ok" } else { "OVER" }
-    );
-    println!("{} records in {:.1} s", r.transfers, r.seconds);
 }
