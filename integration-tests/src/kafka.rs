@@ -1,6 +1,8 @@
 //! Kafka as a test sees it: reading topics back, producing as an upstream stage would,
 //! committed offsets, dead-letter topics.
 
+use std::collections::{BTreeMap, HashSet};
+
 use super::*;
 
 /// One Kafka record as read back by a test.
@@ -146,6 +148,36 @@ pub async fn read_topic(bootstrap: &str, topic: &str, deadline: Deadline) -> any
     tokio::task::spawn_blocking(move || read_topic_blocking(&bootstrap, &topic, deadline))
         .await
         .context("topic reader task failed")?
+}
+
+/// Every antifraud decision published so far, by transfer id: the distinct decisions
+/// (topic, event id, score, time). The mock cluster shows the records of aborted
+/// transactions too, and a redelivery publishes the same decision again, so a transfer
+/// with more than one distinct decision had its decision flipped. The ledger's rejections,
+/// which share `transfers.rejected`, and records that are not JSON are left out.
+///
+/// # Errors
+/// As [`read_topic`].
+pub async fn antifraud_decisions(
+    bootstrap: &str,
+    deadline: Deadline,
+) -> anyhow::Result<BTreeMap<String, HashSet<String>>> {
+    let mut decisions: BTreeMap<String, HashSet<String>> = BTreeMap::new();
+    for topic in ["transfers.analyzed", "transfers.rejected"] {
+        for r in read_topic(bootstrap, topic, deadline).await? {
+            let Some(v) = r.payload.as_deref().and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok()) else {
+                continue;
+            };
+            if topic == "transfers.rejected" && v["reason"] != "BLOCKED_BY_ANTIFRAUD" {
+                continue;
+            }
+            let Some(id) = v["transferId"].as_str().map(str::to_owned) else { continue };
+            let decision =
+                format!("{topic} {} score {} at {}{}", v["eventId"], v["score"], v["analyzedAt"], v["rejectedAt"]);
+            decisions.entry(id).or_default().insert(decision);
+        }
+    }
+    Ok(decisions)
 }
 
 /// Waits until `topic` holds records that satisfy `done` (called with every record read

@@ -29,7 +29,7 @@
 //! never expels a member killed with kill -9).
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,8 @@ use rdkafka::types::RDKafkaRespErr;
 use serde_json::{json, Value};
 use tally_engine::broker::api_key;
 use tally_integration_tests::{
-    producer, read_topic, spawn_tally_process, Deadline, ReceivedCall, TallyProcess, TestEnv, WebhookReceiver,
+    antifraud_decisions, producer, read_topic, spawn_tally_process, Deadline, ReceivedCall, TallyProcess, TestEnv,
+    WebhookReceiver,
 };
 use uuid::Uuid;
 
@@ -705,20 +706,7 @@ async fn check(env: &TestEnv, daemon: &Daemon, history: &History) -> Vec<Check> 
     });
 
     // One antifraud decision per transfer, over everything ever published.
-    let mut decisions: BTreeMap<String, HashSet<String>> = BTreeMap::new();
-    for topic in ["transfers.analyzed", "transfers.rejected"] {
-        for r in read_topic(env.bootstrap(), topic, Deadline::secs(30)).await.expect("read decisions") {
-            let v = json_of(&r);
-            if topic == "transfers.rejected" && v["reason"] != "BLOCKED_BY_ANTIFRAUD" {
-                continue;
-            }
-            let Some(id) = v["transferId"].as_str().map(str::to_owned) else { continue };
-            // A decision is its outcome, score and time: a redelivery publishes the same one.
-            let decision =
-                format!("{topic} {} score {} at {}{}", v["eventId"], v["score"], v["analyzedAt"], v["rejectedAt"]);
-            decisions.entry(id).or_default().insert(decision);
-        }
-    }
+    let decisions = antifraud_decisions(env.bootstrap(), Deadline::secs(30)).await.expect("read decisions");
     let violations = decisions
         .iter()
         .filter(|(_, d)| d.len() > 1)

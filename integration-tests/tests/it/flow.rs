@@ -17,8 +17,8 @@ use serde_json::json;
 use tally_engine::broker::api_key;
 use tally_engine::config::Secret;
 use tally_integration_tests::{
-    balance_of as balance, create_account as account, final_state, json_body, metric_value, post_transfer as transfer,
-    postings_of, read_topic, spawn_app, wait_until, Deadline, TestApp, TestEnv,
+    antifraud_decisions, balance_of as balance, create_account as account, final_state, json_body, metric_value,
+    post_transfer as transfer, postings_of, read_topic, spawn_app, wait_until, Deadline, TestApp, TestEnv,
 };
 use uuid::Uuid;
 
@@ -270,15 +270,7 @@ async fn a_group_coordinator_leaving_the_cluster_costs_a_producer_not_the_stage(
     }
     let expected: i64 = 6 + (0..6).map(|i| 110 + 2 * i).sum::<i64>();
     assert_eq!(balance(&app, "W-B").await, expected);
-    let analyzed = read_topic(env.bootstrap(), "transfers.analyzed", Deadline::DEFAULT).await.expect("read");
-    let mut decisions: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
-    for r in &analyzed {
-        let v = r.payload_json();
-        decisions
-            .entry(v["transferId"].as_str().unwrap_or_default().to_owned())
-            .or_default()
-            .insert(format!("{} {} {}", v["eventId"], v["score"], v["analyzedAt"]));
-    }
+    let decisions = antifraud_decisions(env.bootstrap(), Deadline::DEFAULT).await.expect("read decisions");
     for id in &ids {
         assert_eq!(decisions.get(&id.to_string()).map(|d| d.len()), Some(1), "{id}: one decision, {decisions:?}");
     }
