@@ -15,6 +15,9 @@ pub struct KafkaRecord {
     pub payload: Option<Vec<u8>>,
     /// Every header in order, values as bytes (`None` for a null value).
     pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// The record's timestamp in ms since the epoch (the producer's send time, unless the
+    /// topic stamps append time).
+    pub timestamp_ms: Option<i64>,
 }
 
 impl KafkaRecord {
@@ -32,6 +35,7 @@ impl KafkaRecord {
             key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
             payload: m.payload().map(<[u8]>::to_vec),
             headers,
+            timestamp_ms: m.timestamp().to_millis(),
         }
     }
 

@@ -17,6 +17,11 @@ use tally_schema::models::{NewOutboxEvent, PendingOutboxEvent};
 use tally_schema::schema::outbox_events;
 use uuid::Uuid;
 
+diesel::define_sql_function! {
+    /// PostgreSQL's `statement_timestamp()`: when the current statement began.
+    fn statement_timestamp() -> diesel::sql_types::Timestamptz;
+}
+
 /// First key of the shard advisory locks ("tall"); the second key is the shard number.
 const SHARD_LOCK_SPACE: i32 = 0x7461_6c6c;
 /// Number of shards, as in the `outbox_events.shard` column definition.
@@ -127,13 +132,15 @@ pub async fn claim_pending(
     .await
 }
 
-/// Sets `published_at` on `ids`.
+/// Sets `published_at` on `ids` to the time of this statement, which the publisher runs
+/// after the broker acknowledged every record: not `now()`, the claiming transaction's
+/// start, which comes before the records were even sent.
 ///
 /// # Errors
 /// Any database error.
 pub async fn mark_published(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<(), diesel::result::Error> {
     diesel::update(outbox_events::table.filter(outbox_events::id.eq_any(ids)))
-        .set(outbox_events::published_at.eq(diesel::dsl::now))
+        .set(outbox_events::published_at.eq(statement_timestamp().nullable()))
         .execute(conn)
         .await?;
     Ok(())

@@ -623,6 +623,49 @@ async fn every_committed_row_is_published_on_its_notification_not_at_the_next_po
     }
 }
 
+// Broker: embedded mock cluster, every broker answering 300 ms late while the row is
+// published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_is_marked_published_after_the_broker_acknowledged_its_record() {
+    let (env, app) = spawn_app(|c| tally_integration_tests::run_only(c, &["outbox"])).await;
+    let rtt = std::time::Duration::from_millis(300);
+    let brokers = 1..=env.broker.broker_count();
+    for id in brokers.clone() {
+        env.broker.set_rtt(id, rtt).expect("broker latency");
+    }
+    let id: String = env
+        .db
+        .query(
+            "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+             VALUES (gen_random_uuid(), $1, 'acked', 'TransferRequested', '{}') RETURNING id::text",
+            &[&TOPIC],
+        )
+        .await[0]
+        .get(0);
+    wait_until_no_pending(&env.db, Deadline::secs(30)).await;
+    for id in brokers {
+        env.broker.set_rtt(id, std::time::Duration::ZERO).expect("broker latency");
+    }
+    let records = wait_for_event_ids(&app.bootstrap, &HashSet::from([id.clone()]), Deadline::DEFAULT).await;
+    let sent_ms = records.iter().find(|r| r.header("event-id") == Some(id.as_str())).and_then(|r| r.timestamp_ms);
+    let sent_ms = sent_ms.expect("the record's timestamp");
+    let published_ms = env
+        .db
+        .scalar_i64(
+            "SELECT (extract(epoch FROM published_at) * 1000)::int8 FROM outbox_events WHERE id::text = $1",
+            &[&id],
+        )
+        .await;
+    // The acknowledgement cannot come before a round trip after the send (1 ms for the
+    // rounding of both times).
+    assert!(
+        published_ms + 1 >= sent_ms + i64::try_from(rtt.as_millis()).expect("ms"),
+        "published_at is {} ms after the record was sent; the broker answered {} ms after it at the earliest",
+        published_ms - sent_ms,
+        rtt.as_millis()
+    );
+}
+
 // Broker: embedded mock cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics() {
