@@ -742,3 +742,68 @@ fn prometheus_sample_lookup() {
     assert_eq!(metric_value(text, r#"b{route="/x",status="200"}"#), Some(2.0));
     assert_eq!(metric_value(text, "c"), None);
 }
+
+/// Heap blocks of `outbox_events` that one claim of every shard reads, in a transaction
+/// that is rolled back (the claim's row locks go with it; the index entries it marked dead
+/// stay marked).
+async fn blocks_read_by_a_claim(conn: &mut diesel_async::AsyncPgConnection) -> (i64, usize) {
+    use diesel::sql_types::BigInt;
+    use diesel_async::{AsyncConnection, RunQueryDsl};
+
+    #[derive(diesel::QueryableByName)]
+    struct Blocks {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let read = "SELECT pg_stat_get_xact_blocks_fetched('outbox_events'::regclass) AS n";
+    let shards: Vec<i32> = (0..tally_actors::outbox::SHARDS).collect();
+    let mut seen = (0, 0);
+    let rolled_back = conn
+        .transaction::<(), diesel::result::Error, _>(|conn| {
+            let (seen, shards) = (&mut seen, &shards);
+            Box::pin(async move {
+                let before = diesel::sql_query(read).get_result::<Blocks>(conn).await?.n;
+                let claimed = tally_actors::store::outbox::claim_pending(conn, shards, 500).await?;
+                let after = diesel::sql_query(read).get_result::<Blocks>(conn).await?.n;
+                *seen = (after - before, claimed.len());
+                Err(diesel::result::Error::RollbackTransaction)
+            })
+        })
+        .await;
+    assert!(matches!(rolled_back, Err(diesel::result::Error::RollbackTransaction)), "{rolled_back:?}");
+    seen
+}
+
+// Broker: none (the store's claim alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_after_a_drained_backlog_does_not_read_the_published_rows_again() {
+    use diesel_async::AsyncConnection;
+
+    let db = TestDb::new().await;
+    // A backlog of 20,000 rows, published and then deleted, on a table with no statistics
+    // and no autovacuum to clean up behind it; then five rows pending.
+    db.batch(
+        "ALTER TABLE outbox_events SET (autovacuum_enabled = false); \
+         INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+           SELECT gen_random_uuid(), 'transfers.requested', 'K-' || (i % 100), 'TransferRequested', repeat('x', 200) \
+           FROM generate_series(1, 20000) AS i; \
+         UPDATE outbox_events SET published_at = now(); \
+         DELETE FROM outbox_events; \
+         INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+           SELECT gen_random_uuid(), 'transfers.requested', 'P-' || i, 'TransferRequested', '{}' \
+           FROM generate_series(1, 5) AS i",
+    )
+    .await;
+    let dead_pages = db.scalar_i64("SELECT pg_relation_size('outbox_events') / 8192", &[]).await;
+    let mut conn = diesel_async::AsyncPgConnection::establish(db.url()).await.expect("diesel connection");
+    let (first, claimed) = blocks_read_by_a_claim(&mut conn).await;
+    assert_eq!(claimed, 5, "every pending row is claimed");
+    let (second, claimed) = blocks_read_by_a_claim(&mut conn).await;
+    assert_eq!(claimed, 5, "every pending row is claimed again after the rollback");
+    // The five live rows sit on one or two pages; the dead ones on hundreds.
+    assert!(
+        second < 20,
+        "the second claim read {second} heap blocks (the first {first}; the table has {dead_pages} pages): \
+         it read the dead rows again instead of skipping the index entries the first claim marked"
+    );
+}
