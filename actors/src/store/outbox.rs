@@ -117,11 +117,11 @@ pub async fn lock_free_shards(conn: &mut AsyncPgConnection, reach: Reach) -> Res
 /// row leaves a dead entry in that index until a vacuum; a plain index scan marks each one
 /// dead as it passes (once no open transaction can see the row), so later claims step over
 /// it without reading the row, whereas a bitmap scan reads every dead row again at every
-/// claim. The setting lasts to the end of the transaction, so `mark_published` runs under
-/// it too (its `id = ANY(..)` takes the primary key's index either way). The planner picks the bitmap
-/// where its statistics are missing or stale (a table never analyzed, a backlog just
-/// drained): after 100,000 rows were drained, 9 ms a claim instead of 0.2, and
-/// commit-to-publish at 1,000/s several times slower until autovacuum came by.
+/// claim. The planner picks the bitmap where its statistics are missing or stale (a table
+/// never analyzed, a backlog just drained): after 100,000 rows were drained, 9 ms a claim
+/// instead of 0.2, and commit-to-publish at 1,000/s several times slower until autovacuum
+/// came by. The setting lasts to the end of the transaction, so `mark_published` runs under
+/// it too (its `id = ANY(..)` takes the primary key's index either way).
 ///
 /// # Errors
 /// Any database error.
