@@ -12,6 +12,7 @@
 //! | `kafka` | [`read_topic`], [`produce`], [`committed_offset`], [`non_empty_dlts`] |
 //! | `wait` | [`Deadline`], [`wait_until`], [`init_logging`] |
 //! | `webhook` | [`WebhookReceiver`] |
+//! | `hostile` | records no well-behaved producer writes, produced as raw bytes |
 //! | `noida` | a noida-db broker (real transactions) |
 //! | `browser` | [`Browser`]: headless Chromium over WebDriver, screenshots under `target/ui/` |
 //!
@@ -57,6 +58,7 @@ mod browser;
 mod client;
 mod daemon;
 mod db;
+pub mod hostile;
 mod kafka;
 pub mod noida;
 mod wait;

@@ -182,7 +182,7 @@ mod tests {
     use super::*;
 
     fn record(partition: i32, offset: i64) -> Record {
-        Record { topic: "t".into(), partition, offset, key: None, payload: None, headers: vec![], timestamp: None }
+        Record { topic: "t".into(), partition, offset, ..Record::default() }
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub(super) struct Output {
 
 /// Decodes and validates a `TransferRequested`; `Err` names why it is poison.
 pub(super) fn decode(record: &Record) -> Result<TransferRequested, String> {
+    if let Some(defect) = &record.defect {
+        return Err(defect.clone());
+    }
     let payload = record.payload.as_deref().ok_or("record has no value")?;
     let t: TransferRequested =
         serde_json::from_slice(payload).map_err(|e| format!("undecodable TransferRequested: {e}"))?;

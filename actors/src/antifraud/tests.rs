@@ -47,6 +47,7 @@ fn record(payload: &str, offset: i64) -> Record {
             Some(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_vec()),
         )],
         timestamp: Some(1),
+        defect: None,
     }
 }
 

@@ -352,6 +352,7 @@ mod tests {
             payload: None,
             headers: vec![],
             timestamp: None,
+            defect: None,
         }
     }
 

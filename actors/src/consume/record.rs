@@ -1,34 +1,58 @@
 //! An owned copy of a consumed Kafka record, shared between actors.
+//!
+//! Decoding is total: whatever bytes a record carries, [`Record::from_message`] returns a
+//! `Record`. What tally cannot take as it is (a header name that is not UTF-8, more
+//! headers than [`MAX_HEADERS`]) is kept as well as it can be (names decoded lossily, the
+//! first headers only) and named in [`Record::defect`]: the record is poison, dead-lettered
+//! once with that reason, and never handled.
 
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+use super::raw_headers::{self, RawHeader};
+
+/// Headers a record may carry; past this the record is poison and only the first ones are
+/// kept (for its dead letter).
+pub const MAX_HEADERS: usize = 128;
+
+/// A header as tally keeps it: its name and its value (`None` for a null value).
+pub type Header = (String, Option<Vec<u8>>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Record {
     pub topic: String,
     pub partition: i32,
     pub offset: i64,
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub headers: Vec<Header>,
     /// Milliseconds since the epoch, when the broker gave one.
     pub timestamp: Option<i64>,
+    /// Why this record cannot be handled as it came (decoding found it malformed, or it
+    /// crashed its stage before): it is dead-lettered as poison with this reason.
+    pub defect: Option<String>,
 }
 
 impl Record {
+    /// An owned copy of `m`. Never panics, whatever the record carries.
     #[must_use]
     pub fn from_message(m: &BorrowedMessage<'_>) -> Self {
-        let headers = m
-            .headers()
-            .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-            .unwrap_or_default();
+        let (raw, count) = raw_headers::read(m, MAX_HEADERS);
+        let (headers, defect) = decode_headers(&raw, count);
+        Self { headers, defect, ..Self::bare(m) }
+    }
+
+    /// `m` without its headers: what can be read of any record without interpreting it.
+    #[must_use]
+    pub fn bare(m: &BorrowedMessage<'_>) -> Self {
         Self {
             topic: m.topic().to_owned(),
             partition: m.partition(),
             offset: m.offset(),
             key: m.key().map(<[u8]>::to_vec),
             payload: m.payload().map(<[u8]>::to_vec),
-            headers,
+            headers: Vec::new(),
             timestamp: m.timestamp().to_millis(),
+            defect: None,
         }
     }
 
@@ -89,6 +113,29 @@ impl Record {
     }
 }
 
+/// The headers of a record as tally keeps them, and the first defect found: `count`
+/// headers in all, of which `raw` are the first (at most [`MAX_HEADERS`]). Names that are
+/// not UTF-8 are decoded lossily.
+pub(super) fn decode_headers(raw: &[RawHeader<'_>], count: usize) -> (Vec<Header>, Option<String>) {
+    let mut defect = (count > MAX_HEADERS).then(|| format!("{count} headers, more than the {MAX_HEADERS} allowed"));
+    let headers = raw
+        .iter()
+        .enumerate()
+        .map(|(i, (name, value))| {
+            let name = match std::str::from_utf8(name) {
+                Ok(name) => name.to_owned(),
+                Err(_) => {
+                    let lossy = String::from_utf8_lossy(name).into_owned();
+                    defect.get_or_insert_with(|| format!("header {i} has a name that is not UTF-8 ({lossy:?})"));
+                    lossy
+                }
+            };
+            (name, value.map(<[u8]>::to_vec))
+        })
+        .collect();
+    (headers, defect)
+}
+
 /// Whether `topic` is a retry topic of `original` (`tally_schema::topics::retry`).
 fn is_retry_topic_of(topic: &str, original: &str) -> bool {
     topic
@@ -121,7 +168,21 @@ mod tests {
             payload: None,
             headers: headers.iter().map(|(k, v)| ((*k).to_owned(), Some(v.as_bytes().to_vec()))).collect(),
             timestamp: Some(5),
+            defect: None,
         }
+    }
+
+    #[test]
+    fn headers_decode_totally() {
+        let (headers, defect) = decode_headers(&[(b"event-id", Some(b"1")), (b"null", None)], 2);
+        assert_eq!(headers, [("event-id".into(), Some(b"1".to_vec())), ("null".into(), None)]);
+        assert_eq!(defect, None);
+        let (headers, defect) = decode_headers(&[(b"ok", None), (b"\xff\xfe", Some(b"x"))], 2);
+        assert_eq!(headers[1].0, "\u{fffd}\u{fffd}");
+        assert!(defect.is_some_and(|d| d.contains("header 1") && d.contains("not UTF-8")));
+        let (headers, defect) = decode_headers(&[(b"a", None)], MAX_HEADERS + 1);
+        assert_eq!(headers.len(), 1);
+        assert!(defect.is_some_and(|d| d.contains("more than")));
     }
 
     const RETRY_HEADERS: [(&str, &str); 3] = [

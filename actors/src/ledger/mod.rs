@@ -112,6 +112,7 @@ mod tests {
             payload: Some(payload.as_bytes().to_vec()),
             headers: vec![],
             timestamp: None,
+            defect: None,
         }
     }
 

@@ -138,6 +138,7 @@ mod tests {
             payload: Some(payload.as_bytes().to_vec()),
             headers: vec![],
             timestamp: None,
+            defect: None,
         }
     }
 

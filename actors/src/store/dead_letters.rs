@@ -260,6 +260,7 @@ mod tests {
                 ("empty".into(), None),
             ],
             timestamp: None,
+            defect: None,
         };
         assert_eq!(
             headers_json(&record),

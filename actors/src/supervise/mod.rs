@@ -123,6 +123,15 @@ impl Supervision {
         record: &Arc<Record>,
         lease: &Lease,
     ) -> Result<Completion, Stopping> {
+        if let Some(defect) = &record.defect {
+            // Malformed as it came (or it crashed its stage before): never handed to the
+            // handler.
+            if !lease.is_live() || self.dead_letters.is_stopping() {
+                return Err(Stopping);
+            }
+            self.dead_letters.publish(record, ErrorClass::Poison.dlt_kind(), defect, 0).await?;
+            return Ok(Completion::DeadLettered);
+        }
         // Attempts charged to the record (those that found the dependency down are not).
         let mut attempt: u32 = 1;
         let mut waiting: Option<(DependencyWait, Duration)> = None;
@@ -259,6 +268,7 @@ pub(crate) mod tests {
             payload: None,
             headers: Vec::new(),
             timestamp: None,
+            defect: None,
         })
     }
 
@@ -388,6 +398,20 @@ pub(crate) mod tests {
         assert_eq!(run(&s, &h, Lease::new()).await, Ok(Completion::Handled("handled")), "one retry got through");
         let written = sink.written.lock().expect("sink").clone();
         assert_eq!(written, [(dlt_kind::POISON.into(), "undecodable".into(), 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_malformed_record_is_dead_lettered_as_poison_without_an_attempt() {
+        let sink = Arc::new(RecordingSink::default());
+        let s = with_sink(5, &sink);
+        let (h, calls) = scripted(Vec::new());
+        let malformed =
+            Arc::new(Record { defect: Some("header 0 has a name that is not UTF-8".into()), ..(*record()).clone() });
+        let result = tokio::time::timeout(Duration::from_secs(5), s.run(&h, malformed, Lease::new())).await;
+        assert_eq!(result, Ok(Ok(Completion::DeadLettered)));
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "never handed to the handler");
+        let written = sink.written.lock().expect("sink").clone();
+        assert_eq!(written, [(dlt_kind::POISON.into(), "header 0 has a name that is not UTF-8".into(), 0)]);
     }
 
     #[tokio::test]

@@ -22,4 +22,5 @@ mod outage;
 mod pools;
 mod rebalance;
 mod stuck;
+mod supervision;
 mod traces;
