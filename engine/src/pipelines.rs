@@ -16,7 +16,7 @@ use tally_actors::orders::OrderMaterializer;
 use tally_actors::projection::StatusProjector;
 use tally_actors::store::group_commit::GroupCommitSettings;
 use tally_actors::store::PgPool;
-use tally_actors::supervise::{DeadLetters, Supervision};
+use tally_actors::supervise::{DeadLetters, DependencyProbe, Supervision};
 use tally_actors::Metrics;
 
 use crate::app::Pools;
@@ -120,6 +120,7 @@ impl Wiring<'_> {
             metrics: self.metrics.clone(),
             in_retry: Arc::default(),
             health: Arc::default(),
+            probe: Some(Arc::new(DependencyProbe::new(name, self.pool(stage)))),
         }
     }
 

@@ -55,6 +55,14 @@ diesel::table! {
 }
 
 diesel::table! {
+    heartbeats (stage) {
+        #[max_length = 64]
+        stage -> Varchar,
+        beat_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     notification_deliveries (event_id) {
         event_id -> Uuid,
         #[max_length = 255]
@@ -164,6 +172,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     accounts,
     antifraud_decisions,
     dead_letters,
+    heartbeats,
     notification_deliveries,
     orders,
     outbox_events,

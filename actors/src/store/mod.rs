@@ -12,6 +12,7 @@
 //! | `notifications.rs` | `notification_deliveries` |
 //! | `decisions.rs` | `antifraud_decisions` |
 //! | `dead_letters.rs` | `dead_letters` |
+//! | `heartbeats.rs` | `heartbeats` (the dependency probe of each stage) |
 //! | `lookup.rs` | all of them, read-only: one transfer's story, for the operator console |
 //! | `check.rs` | all of them, read-only: the ledger invariants |
 //! | `group_commit.rs` | none of its own: batches the writes of many callers into one transaction |
@@ -22,6 +23,7 @@ pub mod check;
 pub mod dead_letters;
 pub mod decisions;
 pub mod group_commit;
+pub mod heartbeats;
 pub mod lookup;
 pub mod migrate;
 pub mod notifications;

@@ -8,6 +8,7 @@
 
 mod health;
 mod policy;
+mod probe;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -23,6 +24,7 @@ pub use crate::store::dead_letters::{headers_json, store_dead_letter, DeadLetter
 
 pub use health::{Degradation, DependencyHealth, DependencyWait};
 pub use policy::{classify_server_message, Classify, ErrorClass, HandlerError, RetryPolicy, PROBE_MAX};
+pub use probe::{DependencyProbe, PROBE_FRESH};
 
 use crate::consume::{Lease, Record};
 use crate::metrics::Metrics;
@@ -89,9 +91,22 @@ pub struct Supervision {
     pub in_retry: Arc<std::sync::atomic::AtomicUsize>,
     /// Whether the pipeline waits for an unavailable dependency.
     pub health: Arc<DependencyHealth>,
+    /// Asked before a failure that is not known poison is counted against a record: when
+    /// it fails, the dependency is down, not the record at fault.
+    pub probe: Option<Arc<DependencyProbe>>,
 }
 
 impl Supervision {
+    /// `e` as the record's fault, unless the probe finds the dependency down: then it is
+    /// [`ErrorClass::Unavailable`], whatever its text said. Known poison is not probed.
+    async fn blame(&self, e: HandlerError) -> HandlerError {
+        let Some(probe) = self.probe.as_ref().filter(|_| e.class == ErrorClass::Transient) else { return e };
+        match probe.check().await {
+            Ok(()) => e,
+            Err(reason) => HandlerError::unavailable(format!("{reason} ({})", e.message)),
+        }
+    }
+
     /// Runs `handler` on `record` under the policy until it is handled or dead-lettered.
     /// An attempt that finds a dependency unavailable does not count: the record waits
     /// (capped backoff) and probes again, for as long as it takes.
@@ -145,7 +160,10 @@ impl Supervision {
                 .unwrap_or_else(|_| Err(HandlerError::transient("handler panicked (a bug); retrying")));
             let e = match outcome {
                 Ok(label) => return Ok(Completion::Handled(label)),
-                Err(e) if e.class == ErrorClass::Unavailable => {
+                Err(e) => self.blame(e).await,
+            };
+            let e = match e {
+                e if e.class == ErrorClass::Unavailable => {
                     // Nobody's record's fault: wait and probe again, unless the partition
                     // is being given up (the record cannot finish; it stays uncommitted).
                     if lease.is_ending() {
@@ -167,7 +185,7 @@ impl Supervision {
                     tokio::time::sleep(wait).await;
                     continue;
                 }
-                Err(e) => e,
+                e => e,
             };
             waiting = None;
             if e.class == ErrorClass::Poison {
@@ -256,6 +274,7 @@ pub(crate) mod tests {
             metrics,
             in_retry: Arc::default(),
             health: Arc::default(),
+            probe: None,
         }
     }
 

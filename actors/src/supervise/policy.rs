@@ -91,7 +91,8 @@ impl Classify for HandlerError {
 impl Classify for diesel::result::Error {
     /// By cause, as far as the driver reports it:
     /// - connection lost or never sent (`UnableToSendCommand`, `ClosedConnection`, a broken
-    ///   transaction manager): the database is unavailable;
+    ///   transaction manager), or a database that refuses writes (25006, read-only: a
+    ///   standby after a failover, a demoted primary): the database is unavailable;
     /// - integrity violations (SQLSTATE class 23: unique, foreign key, not null, check):
     ///   poison, the same statement fails the same way every time;
     /// - serialization failures (40001): transient;
@@ -101,9 +102,8 @@ impl Classify for diesel::result::Error {
     fn class(&self) -> ErrorClass {
         use diesel::result::{DatabaseErrorKind as K, Error};
         match self {
-            Error::DatabaseError(K::UnableToSendCommand | K::ClosedConnection, _) | Error::BrokenTransactionManager => {
-                ErrorClass::Unavailable
-            }
+            Error::DatabaseError(K::UnableToSendCommand | K::ClosedConnection | K::ReadOnlyTransaction, _)
+            | Error::BrokenTransactionManager => ErrorClass::Unavailable,
             Error::DatabaseError(
                 K::UniqueViolation | K::ForeignKeyViolation | K::NotNullViolation | K::CheckViolation,
                 _,
@@ -119,10 +119,13 @@ impl Classify for diesel::result::Error {
 /// The class of a server error that diesel-async 0.6 reports as `Unknown`: it keeps the
 /// SQLSTATE to itself except for six codes, so the primary message, whose wording
 /// PostgreSQL keeps stable, stands in for the code. What is not recognised is transient:
-/// retried a bounded number of times, then dead-lettered as `exhausted` (never dropped).
+/// the stage probes its database before counting it against the record
+/// ([`super::DependencyProbe`]), then retries a bounded number of times and dead-letters it
+/// as `exhausted` (never dropped).
 ///
-/// - 08xxx connection exceptions, 57P01-57P03 (shutdown, cannot connect now): unavailable.
-/// - 40P01 deadlock, 55P03 lock not available, 57014 statement or lock timeout, 53xxx
+/// - 08xxx connection exceptions, 57P01-57P03 (shutdown, cannot connect now), 25006
+///   read-only transaction, 53100 disk full: unavailable (no record is at fault).
+/// - 40P01 deadlock, 55P03 lock not available, 57014 statement or lock timeout, other 53xxx
 ///   insufficient resources: transient.
 /// - 22xxx data exceptions (value too long, out of range, invalid input syntax, division
 ///   by zero, invalid encoding): poison.
@@ -136,6 +139,11 @@ pub fn classify_server_message(message: &str) -> ErrorClass {
         "is not currently accepting connections",
         "connection to server",
         "server closed the connection",
+        "in a read-only transaction",
+        "during recovery",
+        "could not extend file",
+        "no space left on device",
+        "disk full",
     ];
     const TRANSIENT: &[&str] = &[
         "deadlock detected",
@@ -146,8 +154,6 @@ pub fn classify_server_message(message: &str) -> ErrorClass {
         "out of shared memory",
         "too many connections",
         "remaining connection slots",
-        "could not extend file",
-        "no space left on device",
     ];
     const POISON: &[&str] = &[
         "value too long for type",
@@ -267,6 +273,7 @@ mod tests {
         assert_eq!(db(K::SerializationFailure, "could not serialize").class(), ErrorClass::Transient);
         assert_eq!(db(K::ClosedConnection, "closed").class(), ErrorClass::Unavailable);
         assert_eq!(db(K::UnableToSendCommand, "connection reset").class(), ErrorClass::Unavailable);
+        assert_eq!(db(K::ReadOnlyTransaction, "read-only").class(), ErrorClass::Unavailable);
         for (msg, class) in [
             ("value too long for type character varying(55)", ErrorClass::Poison),
             ("bigint out of range", ErrorClass::Poison),
@@ -277,6 +284,8 @@ mod tests {
             ("could not obtain lock on row in relation \"accounts\"", ErrorClass::Transient),
             ("terminating connection due to administrator command", ErrorClass::Unavailable),
             ("database \"t\" is not currently accepting connections", ErrorClass::Unavailable),
+            ("cannot execute INSERT in a read-only transaction", ErrorClass::Unavailable),
+            ("could not extend file \"base/16384/16390\": No space left on device", ErrorClass::Unavailable),
             ("something nobody has seen before", ErrorClass::Transient),
         ] {
             assert_eq!(db(K::Unknown, msg).class(), class, "{msg}");

@@ -116,3 +116,112 @@ async fn hostile_records_on_every_consumed_topic_are_dead_lettered_and_every_sta
     assert_eq!(ready.status(), 200, "{}", json_body(ready).await);
     app.stop().await;
 }
+
+/// Ends every connection of the stage whose pool is named `tally-<pool>`, so that it
+/// connects again and picks up the database's current defaults.
+async fn reconnect(db: &tally_integration_tests::TestDb, pool: &str) {
+    db.query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = $1",
+        &[&format!("tally-{pool}")],
+    )
+    .await;
+}
+
+/// A database that turns read-only under the ledger (what a failover onto a standby or a
+/// demoted primary looks like) is a dependency that is down, not a fault of the transfer
+/// in hand: the ledger waits, shows itself degraded, spends none of the record's retries
+/// and dead-letters nothing; once the database takes writes again, the transfer settles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_database_degrades_the_ledger_and_dead_letters_nothing() {
+    const TOKEN: &str = "admin-t0ken";
+    let (env, app) = spawn_app(|c| {
+        c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
+        c.ledger.retry = tally_engine::config::RetryConfig {
+            max_retries: 2,
+            initial: std::time::Duration::from_millis(100),
+            multiplier: 2.0,
+            max: std::time::Duration::from_millis(200),
+        };
+    })
+    .await;
+    create_account(&app, "CC-R1", 10_000, "BRL").await;
+    create_account(&app, "CC-R2", 0, "BRL").await;
+    let admin =
+        |path: &str| app.send(reqwest::Client::new().post(format!("{}{path}", app.admin_url)).bearer_auth(TOKEN));
+    assert_eq!(admin("/admin/pipelines/ledger/pause").await.status(), 200);
+    let id = post_transfer(&app, "CC-R1", "CC-R2", 1_000).await;
+    // Analyzed (antifraud writes too): the ledger has the transfer to settle.
+    wait_until("the transfer is analyzed", Deadline::DEFAULT, || async {
+        let analyzed = read_topic(env.bootstrap(), "transfers.analyzed", Deadline::secs(10)).await;
+        match analyzed {
+            Ok(records) if records.iter().any(|r| r.payload_json()["transferId"] == id.to_string()) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let db = env.db.name().to_owned();
+    env.db.execute(&format!("ALTER DATABASE \"{db}\" SET default_transaction_read_only = on"), &[]).await;
+    reconnect(&env.db, "ledger").await;
+    assert_eq!(admin("/admin/pipelines/ledger/resume").await.status(), 200);
+
+    // Degraded, and waiting well past the record's whole retry budget (3 attempts).
+    wait_until("the ledger waits for a writable database", Deadline::DEFAULT, || async {
+        let metrics = app.metrics().await;
+        let waits =
+            tally_integration_tests::metric_value(&metrics, "tally_dependency_waits_total{pipeline=\"ledger\"}")
+                .unwrap_or(0.0);
+        let ready = app.admin_get("/readyz").await;
+        let body = json_body(ready).await.to_string();
+        if waits >= 6.0 && body.contains("ledger degraded") {
+            Ok(())
+        } else {
+            Err(format!("{waits} waits; readyz {body}"))
+        }
+    })
+    .await;
+    let dlt = read_topic(env.bootstrap(), "transfers.analyzed-dlt", Deadline::secs(10)).await.expect("the DLT");
+    assert!(dlt.is_empty(), "dead-lettered while the database was read-only: {dlt:?}");
+    assert_eq!(env.db.count("dead_letters").await, 0);
+
+    env.db.execute(&format!("ALTER DATABASE \"{db}\" SET default_transaction_read_only = off"), &[]).await;
+    reconnect(&env.db, "ledger").await;
+    assert_eq!(final_state(&app, id).await["status"], "SETTLED");
+    let dlt = read_topic(env.bootstrap(), "transfers.analyzed-dlt", Deadline::secs(10)).await.expect("the DLT");
+    assert!(dlt.is_empty(), "{dlt:?}");
+    app.stop().await;
+}
+
+/// The probe that blames the dependency: it passes on a writable database (and writes the
+/// stage's heartbeat) and fails on one that turned read-only, whatever error the failed
+/// statement showed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dependency_probe_fails_on_a_read_only_database() {
+    use tally_actors::store::{build_pool, PoolSettings};
+    use tally_actors::supervise::{DependencyProbe, PROBE_FRESH};
+    let db = tally_integration_tests::TestDb::new().await;
+    let pool = || {
+        build_pool(&PoolSettings {
+            url: db.url().to_owned(),
+            max_size: 1,
+            statement_timeout: std::time::Duration::from_secs(5),
+            connect_timeout: std::time::Duration::from_secs(5),
+            application_name: "tally-probe-test".into(),
+        })
+        .expect("pool")
+    };
+    let probe = DependencyProbe::new("ledger", pool());
+    assert_eq!(probe.check().await, Ok(()));
+    assert_eq!(db.count("heartbeats").await, 1, "the probe wrote its heartbeat");
+    let name = db.name().to_owned();
+    db.execute(&format!("ALTER DATABASE \"{name}\" SET default_transaction_read_only = on"), &[]).await;
+    // A new connection picks the default up; the answer of the first probe is stale by then.
+    let probe = DependencyProbe::new("ledger", pool());
+    let refused = probe.check().await;
+    assert!(refused.as_ref().is_err_and(|e| e.contains("read-only")), "{refused:?}");
+    db.execute(&format!("ALTER DATABASE \"{name}\" SET default_transaction_read_only = off"), &[]).await;
+    tokio::time::sleep(PROBE_FRESH).await;
+    reconnect(&db, "probe-test").await;
+    tally_integration_tests::wait_until("the probe passes again", Deadline::DEFAULT, || async { probe.check().await })
+        .await;
+}
