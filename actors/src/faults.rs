@@ -17,6 +17,22 @@ pub enum Fault {
     /// The ledger skips its inbox: a transfer already settled is applied again (the
     /// postings' unique key still refuses a second debit, so it ends in the DLT).
     SkipInbox,
+    /// A stage's thread panics on every record carrying the header [`CRASH_HEADER`], as a
+    /// bug would (the stage must restart, and dead-letter the record after two crashes).
+    CrashOnMarkedRecord,
+}
+
+/// The header that marks a record for [`Fault::CrashOnMarkedRecord`].
+pub const CRASH_HEADER: &str = "tally-fault-crash";
+
+/// Panics when [`Fault::CrashOnMarkedRecord`] is on and `record` carries [`CRASH_HEADER`].
+///
+/// # Panics
+/// On purpose, as described.
+pub fn crash_on_marked(record: &crate::consume::Record) {
+    if is_on(Fault::CrashOnMarkedRecord) && record.header(CRASH_HEADER).is_some() {
+        panic!("test fault: a record marked {CRASH_HEADER} crashes its stage");
+    }
 }
 
 impl Fault {
@@ -28,6 +44,7 @@ impl Fault {
             Self::OffsetBeforeCommit => "offset-before-commit",
             Self::OutboxOutOfOrder => "outbox-out-of-order",
             Self::SkipInbox => "skip-inbox",
+            Self::CrashOnMarkedRecord => "crash-on-marked-record",
         }
     }
 }
@@ -40,9 +57,15 @@ pub fn active() -> Option<Fault> {
         static ACTIVE: std::sync::OnceLock<Option<Fault>> = std::sync::OnceLock::new();
         *ACTIVE.get_or_init(|| {
             let wanted = std::env::var("TALLY_FAULT").ok()?;
-            [Fault::Rescore, Fault::OffsetBeforeCommit, Fault::OutboxOutOfOrder, Fault::SkipInbox]
-                .into_iter()
-                .find(|f| f.name() == wanted)
+            [
+                Fault::Rescore,
+                Fault::OffsetBeforeCommit,
+                Fault::OutboxOutOfOrder,
+                Fault::SkipInbox,
+                Fault::CrashOnMarkedRecord,
+            ]
+            .into_iter()
+            .find(|f| f.name() == wanted)
         })
     }
     #[cfg(not(debug_assertions))]

@@ -105,6 +105,7 @@ metrics! {
     dlt_replayed_total: IntCounterVec = "Dead-letter records republished to their original topic and acknowledged, by DLT topic.", labels ["topic"];
     dlt_fallback_records_total: IntCounterVec = "Records a dead-letter topic could never take (too large, topic or partition missing, \
                      forbidden), stored in the dead_letters table instead, by DLT topic.", labels ["topic"];
+    stage_restarts_total: IntCounterVec = "Restarts of a stage after a panic in its thread (it starts again from its committed offsets), by stage.", labels ["stage"];
     pipeline_paused: IntGaugeVec = "1 while a pipeline is paused through the admin API, 0 otherwise.", labels ["pipeline"];
     pipeline_degraded: IntGaugeVec = "1 while a pipeline waits for an unavailable dependency (database or broker down) with its \
                      partitions paused, 0 otherwise.", labels ["pipeline"];

@@ -163,13 +163,23 @@ fn run(config: Config) -> anyhow::Result<()> {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
         let daemon = app::start(config, kafka, expected).await?;
         info!(intake = %daemon.intake_addr, admin = %daemon.admin_addr, "tally is running; stop with Ctrl-C or SIGTERM.");
-        wait_for_signal().await;
-        anyhow::Ok(daemon.shutdown().await)
+        // A stage that cannot be restarted stops the daemon with an error, so that its
+        // service manager restarts the process.
+        let gave_up = tokio::select! {
+            () = wait_for_signal() => None,
+            reason = tally_actors::supervise::restart::gave_up() => Some(reason),
+        };
+        let stopped = daemon.shutdown().await;
+        anyhow::Ok((stopped, gave_up))
     })?;
+    let (stopped, gave_up) = stopped;
     // Actors hold Kafka clients until the System is gone; the embedded broker goes last.
     drop(system);
     stopped.release();
-    Ok(())
+    match gave_up {
+        Some(reason) => Err(anyhow::anyhow!("stopped because a stage cannot be restarted: {reason}")),
+        None => Ok(()),
+    }
 }
 
 fn migrate(config: &Config) -> anyhow::Result<()> {

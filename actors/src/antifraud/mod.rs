@@ -35,6 +35,7 @@ mod output;
 mod risk;
 mod txn;
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -42,6 +43,7 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
+use rdkafka::message::Message;
 use rdkafka::producer::Producer;
 use rdkafka::{ClientContext, Statistics};
 use tracing::{info, warn};
@@ -54,6 +56,7 @@ use crate::consume::{
 };
 use crate::metrics::Metrics;
 use crate::store::PgPool;
+use crate::supervise::restart::{give_up, panic_message, CrashBook, Restarts, MAX_START_FAILURES};
 use crate::supervise::RetryPolicy;
 use txn::{new_producer, TxnProducer};
 
@@ -111,6 +114,8 @@ struct AntifraudContext {
     /// paused until it ends.
     holding: AtomicBool,
     stats: Mutex<StatsView>,
+    /// The records that crashed the stage while it decoded them (the poison-pill rule).
+    crashes: Arc<CrashBook>,
 }
 
 impl ClientContext for AntifraudContext {
@@ -179,56 +184,88 @@ impl Antifraud {
         for outcome in ["committed", "failed", "aborted", "retried", "producer_renewed", "producer_wedged"] {
             metrics.kafka_transactions_total.with_label_values(&[outcome]).inc_by(0);
         }
-        let mut consumer_config = spec.consumer.clone();
-        consumer_config
-            .set("group.id", &spec.group_id)
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false");
-        let context = AntifraudContext {
-            metrics: metrics.clone(),
-            topics: vec![spec.input.clone()],
-            revoked: Mutex::default(),
-            assigned: AtomicBool::new(false),
-            received_assignment: AtomicBool::new(false),
-            admin_paused: AtomicBool::new(false),
-            holding: AtomicBool::new(false),
-            stats: Mutex::default(),
-        };
+        metrics.stage_restarts_total.with_label_values(&[PIPELINE]).inc_by(0);
         let status = Arc::new(Mutex::new(PipelineStatus {
             name: PIPELINE.into(),
             group: spec.group_id.clone(),
             topics: vec![spec.input.clone()],
             ..PipelineStatus::default()
         }));
-        let consumer: BaseConsumer<AntifraudContext> = consumer_config.create_with_context(context)?;
-        consumer.subscribe(&[&spec.input])?;
+        let crashes: Arc<CrashBook> = Arc::default();
+        let consumer = subscribe(&spec, &metrics, false, &crashes)?;
         let producer = new_producer(&spec, &metrics)?;
         let stopping = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stopping);
         let loop_status = Arc::clone(&status);
+        let restarts: Arc<Restarts> = Arc::default();
+        let loop_restarts = Arc::clone(&restarts);
         let driver = DriverThread::spawn("tally-antifraud".into(), stopping, move |control_rx| {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
-                tracing::error!(pipeline = PIPELINE, "Cannot start the antifraud database runtime; stage stopped.");
+                give_up(format!("{PIPELINE}: cannot start its database runtime"));
                 return;
             };
             let pool = spec.database.clone();
-            let io = LoopIo {
-                consumer: &consumer,
-                spec: &spec,
-                metrics: &metrics,
-                control: &control_rx,
-                stopping: &stop_flag,
-                status: &loop_status,
-                runtime: &runtime,
-                pool: &pool,
-            };
-            drive(&io, producer, risk);
+            let mut risk = risk;
+            let mut next = Some((consumer, producer));
+            let mut failures = 0_u32;
+            loop {
+                let admin_paused = loop_status.lock().unwrap_or_else(PoisonError::into_inner).paused;
+                let started = next.take().map_or_else(
+                    || {
+                        subscribe(&spec, &metrics, admin_paused, &crashes)
+                            .and_then(|c| Ok((c, new_producer(&spec, &metrics)?)))
+                    },
+                    Ok,
+                );
+                let (consumer, producer) = match started {
+                    Ok(parts) => parts,
+                    Err(e) => {
+                        failures += 1;
+                        if failures >= MAX_START_FAILURES {
+                            give_up(format!("{PIPELINE}: cannot start again ({failures} tries): {e}"));
+                            break;
+                        }
+                        if stopped_while_down(
+                            &control_rx,
+                            &stop_flag,
+                            loop_restarts.crashed(&format!("cannot start: {e}")),
+                        ) {
+                            break;
+                        }
+                        continue;
+                    }
+                };
+                failures = 0;
+                loop_restarts.started();
+                let io = LoopIo {
+                    consumer: &consumer,
+                    spec: &spec,
+                    metrics: &metrics,
+                    control: &control_rx,
+                    stopping: &stop_flag,
+                    status: &loop_status,
+                    runtime: &runtime,
+                    pool: &pool,
+                };
+                let Err(panic) = catch_unwind(AssertUnwindSafe(|| drive(&io, producer, &mut risk))) else { break };
+                let cause = panic_message(&*panic);
+                let record = crashes.crashed(&cause);
+                metrics.stage_restarts_total.with_label_values(&[PIPELINE]).inc();
+                let wait = loop_restarts.crashed(&cause);
+                tracing::error!(pipeline = PIPELINE, cause, record = ?record, wait_ms = wait.as_millis() as u64,
+                    "Stage crashed (a bug); its open transaction is abandoned and it restarts from the committed offsets.");
+                // The next producer's init_transactions fences and aborts what this one left open.
+                consumer.unsubscribe();
+                drop(consumer);
+                if stopped_while_down(&control_rx, &stop_flag, wait) {
+                    break;
+                }
+            }
             // Its connections live on this runtime: they close with it.
             pool.close();
         })?;
         info!(pipeline = PIPELINE, "Antifraud stage started.");
-        let handle = PipelineControl::new(driver.control(), status);
+        let handle = PipelineControl::new(driver.control(), status, restarts);
         Ok(Self { handle, driver })
     }
 
@@ -245,6 +282,57 @@ impl Antifraud {
     }
 }
 
+/// A consumer of the stage's group (`read_committed`, offsets only in transactions),
+/// subscribed to its input; its new partitions start paused when `admin_paused`.
+fn subscribe(
+    spec: &AntifraudSpec,
+    metrics: &Metrics,
+    admin_paused: bool,
+    crashes: &Arc<CrashBook>,
+) -> KafkaResult<BaseConsumer<AntifraudContext>> {
+    let mut consumer_config = spec.consumer.clone();
+    consumer_config
+        .set("group.id", &spec.group_id)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false");
+    let context = AntifraudContext {
+        metrics: metrics.clone(),
+        topics: vec![spec.input.clone()],
+        revoked: Mutex::default(),
+        assigned: AtomicBool::new(false),
+        received_assignment: AtomicBool::new(false),
+        admin_paused: AtomicBool::new(admin_paused),
+        holding: AtomicBool::new(false),
+        stats: Mutex::default(),
+        crashes: Arc::clone(crashes),
+    };
+    let consumer: BaseConsumer<AntifraudContext> = consumer_config.create_with_context(context)?;
+    consumer.subscribe(&[&spec.input])?;
+    Ok(consumer)
+}
+
+/// Waits `wait` while the stage is down; true when it was stopped meanwhile (the stop is
+/// acknowledged here).
+fn stopped_while_down(control: &std::sync::mpsc::Receiver<Control>, stopping: &AtomicBool, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        match control.recv_timeout(Duration::from_millis(50)) {
+            Ok(Control::Stop(done)) => {
+                let _ = done.send(());
+                return true;
+            }
+            Ok(Control::Pause(applied) | Control::Resume(applied)) => {
+                // Applied by the next consumer's first assignment (it starts paused or not).
+                let _ = applied.send(());
+            }
+            Err(_) if stopping.load(Ordering::Relaxed) => return true,
+            Err(_) => {}
+        }
+    }
+    false
+}
+
 /// What the antifraud loop works with, besides its producer and risk engine.
 struct LoopIo<'a> {
     consumer: &'a BaseConsumer<AntifraudContext>,
@@ -257,7 +345,7 @@ struct LoopIo<'a> {
     pool: &'a PgPool,
 }
 
-fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, mut risk: Box<dyn RiskEngine>) {
+fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, risk: &mut Box<dyn RiskEngine>) {
     let LoopIo { consumer, spec, metrics, control, status, .. } = *io;
     let mut last_status = Instant::now();
     loop {
@@ -359,7 +447,19 @@ fn gather(consumer: &BaseConsumer<AntifraudContext>, spec: &AntifraudSpec) -> Ve
         hold::drop_partitions(&mut batch, &hold::take_revoked(consumer));
         match polled {
             Some(Ok(m)) => {
-                batch.push(Record::from_message(&m));
+                let crashes = &consumer.context().crashes;
+                let at = (m.topic().to_owned(), m.partition(), m.offset());
+                let record = match crashes.poison_pill(&at) {
+                    Some(defect) => Record { defect: Some(defect), ..Record::bare(&m) },
+                    None => {
+                        crashes.hold(Some(at));
+                        let record = Record::from_message(&m);
+                        crate::faults::crash_on_marked(&record);
+                        crashes.hold(None);
+                        record
+                    }
+                };
+                batch.push(record);
                 deadline.get_or_insert_with(|| Instant::now() + spec.max_batch_wait);
             }
             Some(Err(e)) => crate::kafka::log_consumer_error(PIPELINE, &e),

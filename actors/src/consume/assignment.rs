@@ -19,6 +19,7 @@ use super::{
     Record, Release, WorkerRegistry,
 };
 use crate::metrics::Metrics;
+use crate::supervise::restart::{CrashBook, Restarts};
 use crate::supervise::DependencyHealth;
 
 /// Committed offset and lag per partition, from librdkafka statistics.
@@ -62,6 +63,10 @@ pub(super) struct DriverState {
     pub(super) health: Arc<DependencyHealth>,
     /// Whether the driver paused the assignment because the pipeline is degraded.
     pub(super) degraded_pause: AtomicBool,
+    /// The records that crashed the driver (the poison-pill rule).
+    pub(super) crashes: CrashBook,
+    /// The driver's restarts after a panic.
+    pub(super) restarts: Arc<Restarts>,
 }
 
 impl DriverState {

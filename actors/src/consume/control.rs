@@ -8,17 +8,23 @@ use std::time::Duration;
 use rdkafka::error::KafkaResult;
 
 use super::PipelineStatus;
+use crate::supervise::restart::Restarts;
 
 /// Pause, resume and observe a running pipeline from anywhere (cheap to clone).
 #[derive(Clone)]
 pub struct PipelineControl {
     control: std::sync::mpsc::Sender<Control>,
     status: Arc<Mutex<PipelineStatus>>,
+    restarts: Arc<Restarts>,
 }
 
 impl PipelineControl {
-    pub(crate) fn new(control: std::sync::mpsc::Sender<Control>, status: Arc<Mutex<PipelineStatus>>) -> Self {
-        Self { control, status }
+    pub(crate) fn new(
+        control: std::sync::mpsc::Sender<Control>,
+        status: Arc<Mutex<PipelineStatus>>,
+        restarts: Arc<Restarts>,
+    ) -> Self {
+        Self { control, status, restarts }
     }
 
     #[must_use]
@@ -48,7 +54,9 @@ impl PipelineControl {
 
     #[must_use]
     pub fn status(&self) -> PipelineStatus {
-        self.status.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        status.restart = self.restarts.status();
+        status
     }
 }
 

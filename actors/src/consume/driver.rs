@@ -9,6 +9,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::Message;
 use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -77,9 +78,20 @@ pub(super) fn drive(
         });
         match consumer.poll(timeout) {
             Some(Ok(message)) => {
-                let record = Arc::new(Record::from_message(&message));
+                let at = (message.topic().to_owned(), message.partition(), message.offset());
+                // A record that crashed this stage twice is not decoded a third time.
+                let record = match shared.crashes.poison_pill(&at) {
+                    Some(defect) => Record { defect: Some(defect), ..Record::bare(&message) },
+                    None => {
+                        shared.crashes.hold(Some(at));
+                        let record = Record::from_message(&message);
+                        crate::faults::crash_on_marked(&record);
+                        record
+                    }
+                };
                 drop(message);
-                route(consumer, shared, record);
+                route(consumer, shared, Arc::new(record));
+                shared.crashes.hold(None);
             }
             Some(Err(e)) => crate::kafka::log_consumer_error(&name, &e),
             None => {}

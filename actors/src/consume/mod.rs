@@ -36,6 +36,7 @@ mod raw_headers;
 mod record;
 mod spec;
 mod status;
+mod supervised;
 mod worker;
 
 use std::collections::HashMap;
@@ -43,13 +44,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use tracing::info;
 
+use assignment::DriverState;
 pub(crate) use assignment::StatsView;
-use assignment::{DriverContext, DriverState};
-use driver::drive;
+use supervised::{subscribe, supervised};
 
 pub use control::PipelineControl;
 pub(crate) use control::{Control, DriverThread};
@@ -63,6 +63,7 @@ pub use status::{PartitionStatus, PipelineStatus};
 pub use worker::{KeyedWorker, Pending, Process, WorkerRegistry};
 
 use crate::metrics::Metrics;
+use crate::supervise::restart::CrashBook;
 use crate::supervise::{RecordHandler, Supervision};
 
 /// A running pipeline. Stop it with [`Pipeline::stop`].
@@ -113,18 +114,18 @@ impl Pipeline {
             in_retry,
             health,
             degraded_pause: AtomicBool::new(false),
+            crashes: CrashBook::default(),
+            restarts: Arc::default(),
         });
         publish_initial_health(&shared);
-        let consumer: BaseConsumer<DriverContext> =
-            spec.consumer_config().create_with_context(DriverContext { shared: Arc::clone(&shared) })?;
-        let topics: Vec<&str> = spec.topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
+        let consumer = subscribe(&shared)?;
         let name = spec.name.clone();
+        let restarts = Arc::clone(&shared.restarts);
         let driver = DriverThread::spawn(format!("tally-{name}"), stopping, move |control_rx| {
-            drive(&consumer, &shared, &control_rx);
+            supervised(consumer, &shared, &control_rx);
         })?;
         info!(pipeline = %name, group = %spec.group_id, topics = ?spec.topics, "Pipeline started.");
-        let handle = PipelineControl::new(driver.control(), status);
+        let handle = PipelineControl::new(driver.control(), status, restarts);
         Ok(Self { name, handle, driver })
     }
 
@@ -158,4 +159,5 @@ pub(crate) fn publish_initial(metrics: &Metrics, pipeline: &str) {
     metrics.pipeline_paused.with_label_values(&[pipeline]).set(0);
     metrics.retries_total.with_label_values(&[pipeline]).inc_by(0);
     metrics.dependency_waits_total.with_label_values(&[pipeline]).inc_by(0);
+    metrics.stage_restarts_total.with_label_values(&[pipeline]).inc_by(0);
 }

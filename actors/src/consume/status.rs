@@ -32,6 +32,8 @@ pub struct PipelineStatus {
     pub degraded_seconds: Option<f64>,
     /// Records waiting for the dependency, each probing it with capped backoff.
     pub waiting_for_dependency: usize,
+    /// Restarts after a panic: down (waiting to start again), crash-looping, the last cause.
+    pub restart: crate::supervise::restart::RestartStatus,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]

@@ -9,6 +9,7 @@
 mod health;
 mod policy;
 mod probe;
+pub mod restart;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -149,17 +150,32 @@ impl Supervision {
         }
         // Attempts charged to the record (those that found the dependency down are not).
         let mut attempt: u32 = 1;
+        let mut panics: u32 = 0;
         let mut waiting: Option<(DependencyWait, Duration)> = None;
         loop {
             if !lease.is_live() || self.dead_letters.is_stopping() {
                 return Err(Stopping);
             }
-            let outcome = AssertUnwindSafe(handler.handle(Arc::clone(record)))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|_| Err(HandlerError::transient("handler panicked (a bug); retrying")));
+            let (outcome, panicked) = match AssertUnwindSafe(handler.handle(Arc::clone(record))).catch_unwind().await {
+                Ok(outcome) => (outcome, false),
+                Err(panic) => {
+                    // A bug: retried once, and the second time the record is the poison pill.
+                    panics += 1;
+                    let cause = restart::panic_message(&*panic);
+                    warn!(pipeline = %self.pipeline, topic = %record.topic, partition = record.partition,
+                          offset = record.offset, panics, cause, "Handler panicked (a bug).");
+                    if panics >= restart::CRASHES_BEFORE_POISON {
+                        let message = format!("crashed: the handler panicked {panics} times (last: {cause})");
+                        self.dead_letters.publish(record, ErrorClass::Poison.dlt_kind(), &message, attempt).await?;
+                        return Ok(Completion::DeadLettered);
+                    }
+                    (Err(HandlerError::transient(format!("handler panicked (a bug): {cause}"))), true)
+                }
+            };
             let e = match outcome {
                 Ok(label) => return Ok(Completion::Handled(label)),
+                // A bug, not the database: nothing to probe.
+                Err(e) if panicked => e,
                 Err(e) => self.blame(e).await,
             };
             let e = match e {
@@ -417,6 +433,32 @@ pub(crate) mod tests {
         assert_eq!(run(&s, &h, Lease::new()).await, Ok(Completion::Handled("handled")), "one retry got through");
         let written = sink.written.lock().expect("sink").clone();
         assert_eq!(written, [(dlt_kind::POISON.into(), "undecodable".into(), 1)]);
+    }
+
+    /// Panics on every call.
+    struct Panicking(Arc<AtomicU32>);
+
+    impl RecordHandler for Panicking {
+        fn handle(&self, _: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { panic!("boom") })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_whose_handler_panics_twice_is_dead_lettered_as_crashed() {
+        let sink = Arc::new(RecordingSink::default());
+        let s = with_sink(5, &sink);
+        let calls = Arc::new(AtomicU32::new(0));
+        let result =
+            tokio::time::timeout(Duration::from_secs(5), s.run(&Panicking(Arc::clone(&calls)), record(), Lease::new()))
+                .await;
+        assert_eq!(result, Ok(Ok(Completion::DeadLettered)));
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "a retry, then the poison-pill rule; not 6 attempts");
+        let written = sink.written.lock().expect("sink").clone();
+        assert_eq!(written.len(), 1);
+        assert_eq!(written[0].0, dlt_kind::POISON);
+        assert!(written[0].1.starts_with("crashed: the handler panicked 2 times (last: boom)"), "{written:?}");
     }
 
     #[tokio::test]

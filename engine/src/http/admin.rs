@@ -75,6 +75,19 @@ async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         Err(e) => problems.push(format!("kafka probe failed: {e}")),
     }
     for status in state.stages.iter().map(tally_actors::consume::PipelineControl::status) {
+        let restart = &status.restart;
+        let last = restart.last_crash.as_deref().unwrap_or_default();
+        if restart.down {
+            problems.push(format!(
+                "pipeline {} is down after a crash and restarting ({} restarts; last: {last})",
+                status.name, restart.restarts
+            ));
+        } else if restart.crash_looping {
+            problems.push(format!(
+                "pipeline {} is crash-looping ({} restarts; last: {last})",
+                status.name, restart.restarts
+            ));
+        }
         if status.degraded {
             let reason = status.degraded_reason.unwrap_or_default();
             problems.push(format!(

@@ -225,3 +225,95 @@ async fn the_dependency_probe_fails_on_a_read_only_database() {
     tally_integration_tests::wait_until("the probe passes again", Deadline::DEFAULT, || async { probe.check().await })
         .await;
 }
+
+/// A stage that panics (a bug, played by the `crash-on-marked-record` fault switch) is
+/// restarted from its committed offsets; the record it crashed on twice is dead-lettered
+/// as poison (`crashed: ...`) instead of crashing it a third time, and the stage goes on.
+/// For the ledger (a pipeline's driver thread) and antifraud (its transactional loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_record_restarts_its_stage_twice_then_is_dead_lettered() {
+    use tally_integration_tests::hostile::RawRecord;
+    let env = tally_integration_tests::TestEnv::new().await;
+    tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
+    for spec in tally_engine::kafka::topic_specs(&tally_engine::Config::default()) {
+        env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
+    }
+    let (intake, admin) = (tally_integration_tests::free_addr(), tally_integration_tests::free_addr());
+    let _child = tally_integration_tests::spawn_tally_process(
+        &env,
+        &[
+            ("TALLY_FAULT", "crash-on-marked-record"),
+            ("TALLY__HTTP__INTAKE_ADDR", &intake),
+            ("TALLY__HTTP__ADMIN_ADDR", &admin),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let marked = RawRecord {
+        key: Some(b"CC-C1".to_vec()),
+        value: Some(b"{}".to_vec()),
+        headers: vec![(tally_actors::faults::CRASH_HEADER.as_bytes().to_vec(), Some(b"1".to_vec()))],
+    };
+    for topic in ["transfers.analyzed", "transfers.requested"] {
+        produce_raw(env.bootstrap(), topic, 0, std::slice::from_ref(&marked));
+    }
+    let crashed = |dlt: &'static str| {
+        let env = &env;
+        async move {
+            let records = read_topic(env.bootstrap(), dlt, Deadline::secs(10)).await.map_err(|e| e.to_string())?;
+            let found = records.iter().any(|r| {
+                r.header(h::DLT_EXCEPTION_KIND) == Some("poison")
+                    && r.header(h::DLT_EXCEPTION_MESSAGE).is_some_and(|m| m.starts_with("crashed:"))
+            });
+            if found {
+                Ok(records.len())
+            } else {
+                Err(format!("{} records in {dlt}", records.len()))
+            }
+        }
+    };
+    assert_eq!(
+        wait_until("the ledger dead-letters the record", Deadline::DEFAULT, || crashed("transfers.analyzed-dlt")).await,
+        1
+    );
+    assert_eq!(
+        wait_until("antifraud dead-letters the record", Deadline::DEFAULT, || crashed("transfers.requested-dlt")).await,
+        1
+    );
+    let metrics =
+        http.get(format!("http://{admin}/metrics")).send().await.expect("metrics").text().await.expect("text");
+    for stage in ["ledger", "antifraud"] {
+        let restarts = tally_integration_tests::metric_value(
+            &metrics,
+            &format!("tally_stage_restarts_total{{stage=\"{stage}\"}}"),
+        );
+        assert_eq!(restarts, Some(2.0), "{stage}: two crashes, then the record was dead-lettered");
+    }
+    // Both stages run again: a transfer settles through them.
+    for (id, balance) in [("CC-C1", 5_000), ("CC-C2", 0)] {
+        let res = http
+            .post(format!("http://{intake}/accounts"))
+            .json(&json!({ "id": id, "currency": "BRL", "initialBalanceCents": balance }))
+            .send()
+            .await
+            .expect("POST /accounts");
+        assert_eq!(res.status(), 201);
+    }
+    let res = http
+        .post(format!("http://{intake}/transfers"))
+        .json(
+            &json!({ "sourceAccount": "CC-C1", "destinationAccount": "CC-C2", "amountCents": 700, "currency": "BRL" }),
+        )
+        .send()
+        .await
+        .expect("POST /transfers");
+    let id = json_body(res).await["id"].as_str().expect("id").to_owned();
+    tally_integration_tests::wait_settled(&http, &intake, &id).await;
+    let ready = http.get(format!("http://{admin}/readyz")).send().await.expect("readyz");
+    assert_eq!(ready.status(), 200, "{}", json_body(ready).await);
+    let pipelines =
+        json_body(http.get(format!("http://{admin}/admin/pipelines")).send().await.expect("pipelines")).await;
+    let ledger = pipelines["pipelines"].as_array().and_then(|p| p.iter().find(|p| p["name"] == "ledger")).cloned();
+    let restart = ledger.map(|l| l["restart"].clone()).unwrap_or_default();
+    assert_eq!(restart["restarts"], 2, "{pipelines}");
+    assert!(restart["lastCrash"].as_str().is_some_and(|c| c.contains("test fault")), "{restart}");
+}
