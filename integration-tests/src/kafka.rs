@@ -21,13 +21,12 @@ pub struct KafkaRecord {
 }
 
 impl KafkaRecord {
-    /// An owned copy of a consumed message.
+    /// An owned copy of a consumed message, whatever it carries (tally's own total
+    /// decoding: header names that are not UTF-8 are kept lossily, at most
+    /// `tally_actors::consume::MAX_HEADERS` headers).
     #[must_use]
     pub fn from_message(m: &rdkafka::message::BorrowedMessage<'_>) -> Self {
-        let headers = m
-            .headers()
-            .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-            .unwrap_or_default();
+        let headers = tally_actors::consume::Record::from_message(m).headers;
         Self {
             topic: m.topic().to_owned(),
             partition: m.partition(),

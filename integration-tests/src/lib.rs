@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tally_engine::broker::EmbeddedBroker;
 use tally_engine::config::{DbPool, PoolsConfig, SecretUrl};

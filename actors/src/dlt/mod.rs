@@ -31,7 +31,7 @@ pub use write::{dlt_headers, is_permanent_dlt_error, DeadLetters, Stopping};
 use base64::Engine as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{json, Value};
 use tally_schema::headers;
@@ -300,10 +300,8 @@ pub fn read(consumer: &BaseConsumer, topic: &str, selection: &Selection, deadlin
                             timestamp: m.timestamp().to_millis(),
                             key: m.key().map(<[u8]>::to_vec),
                             payload: m.payload().map(<[u8]>::to_vec),
-                            headers: m
-                                .headers()
-                                .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-                                .unwrap_or_default(),
+                            // Read as consumed records are: anyone may write to a DLT.
+                            headers: crate::consume::Record::from_message(&m).headers,
                         });
                     }
                     if m.offset() + 1 >= end {

@@ -177,6 +177,9 @@ function sparkline(points) {
 }
 
 function pipelineState(p) {
+  const restart = p.restart || {};
+  if (restart.down) return ["down, restarting", "bad"];
+  if (restart.crashLooping) return ["crash-looping", "bad"];
   if (!p.assigned) return ["unassigned", "warn"];
   if (p.degraded) return ["degraded", "bad"];
   if (p.paused) return ["paused", "warn"];
@@ -199,6 +202,10 @@ function pipelineCard(p) {
       button),
     el("div", { class: "meta" }, `group ${p.group} · topics ${p.topics.join(", ")}`),
     p.degraded ? el("div", { class: "reason" }, `waiting for a dependency: ${p.degradedReason || "?"}`) : null,
+    p.restart && p.restart.restarts > 0
+      ? el("div", { class: "reason restarts" },
+        `restarted ${p.restart.restarts} time(s) after a crash; last: ${p.restart.lastCrash || "?"}`)
+      : null,
     el("div", { class: "stats" },
       stat("lag", fmtNum(totalLag), "lag"),
       stat("in flight", fmtNum(inFlight), "in-flight"),

@@ -6,8 +6,10 @@
 //! retries, bad requests, and poison and duplicate records produced straight to the
 //! consumed topics, while faults drawn from a printed seed hit them:
 //! kill -9 and restart of a daemon, the database connections of tally killed, the
-//! database refusing tally for longer than any retry budget, broker request errors, added
-//! broker latency and a broker down for a while. Every request and response is recorded;
+//! database refusing tally for longer than any retry budget, the database read-only for a
+//! while (a failover), broker request errors, added broker latency and a broker down for a
+//! while. Besides poison, hostile records (header names that are not UTF-8, hundreds of
+//! headers, keys that are not UTF-8) go to every consumed topic. Every request and response is recorded;
 //! after the faults stop and the system is quiet, invariants are checked over the whole
 //! history and the final database state, and a table of them is printed.
 //!
@@ -231,6 +233,15 @@ async fn kill_connections(env: &TestEnv) -> u64 {
         .await as u64
 }
 
+/// Makes the test database read-only for new sessions (or writable again) and ends
+/// tally's connections, so that they come back to it as it now is.
+async fn read_only(env: &TestEnv, on: bool) {
+    let setting = if on { "on" } else { "off" };
+    let name = env.db.name().to_owned();
+    env.db.execute(&format!("ALTER DATABASE \"{name}\" SET default_transaction_read_only = {setting}"), &[]).await;
+    kill_connections(env).await;
+}
+
 /// Runs the fault schedule until `until`; returns once every daemon runs again.
 async fn faults(
     env: &TestEnv,
@@ -258,7 +269,7 @@ async fn faults(
     }
     while Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..4_000))).await;
-        match rng.random_range(0..7) {
+        match rng.random_range(0..8) {
             0 | 1 => {
                 let i = rng.random_range(0..daemons.len());
                 let down = Duration::from_millis(rng.random_range(500..3_000));
@@ -280,6 +291,15 @@ async fn faults(
                 log(format!("database refuses tally for {down:?}"));
                 tokio::time::sleep(down).await;
                 env.db.refuse_tally(false).await;
+            }
+            7 => {
+                // A failover onto a standby, as tally sees it: connections dropped, and the
+                // database they come back to refuses writes. Waited out, never dead-lettered.
+                let down = Duration::from_millis(rng.random_range(2_000..5_000));
+                read_only(env, true).await;
+                log(format!("database read-only for {down:?}"));
+                tokio::time::sleep(down).await;
+                read_only(env, false).await;
             }
             6 => {
                 let id = rng.random_range(1..=env.broker.broker_count());
@@ -323,6 +343,16 @@ async fn inject_records(env: &TestEnv, until: Instant, history: &Mutex<History>)
         let marker = format!("chaos-poison-{n}-{}", Uuid::new_v4().simple());
         tally_integration_tests::produce(&producer, topic, None, "C-0", marker.as_bytes(), &[]).await;
         history.lock().expect("history").poison.push(marker);
+        // A hostile record too (odd headers or key), its marker as its value.
+        let marker = format!("chaos-hostile-{n}-{}", Uuid::new_v4().simple());
+        let hostile = hostile_record(n, marker.as_bytes());
+        let bootstrap = env.bootstrap().to_owned();
+        tokio::task::spawn_blocking(move || {
+            tally_integration_tests::hostile::produce_raw(&bootstrap, topic, (n % 2) as i32, &[hostile]);
+        })
+        .await
+        .expect("produce a hostile record");
+        history.lock().expect("history").poison.push(marker);
         let Ok(records) = read_topic(env.bootstrap(), topic, Deadline::secs(10)).await else {
             continue;
         };
@@ -338,6 +368,17 @@ async fn inject_records(env: &TestEnv, until: Instant, history: &Mutex<History>)
             history.lock().expect("history").duplicates += 1;
         }
     }
+}
+
+/// The `n`-th hostile record with `value`: a header name that is not UTF-8, more headers
+/// than tally takes, or a key that is not UTF-8 with a null header value, in turn.
+fn hostile_record(n: usize, value: &[u8]) -> tally_integration_tests::hostile::RawRecord {
+    let (key, headers) = match n % 3 {
+        0 => (b"C-0".to_vec(), vec![(b"\xff\xfe".to_vec(), Some(b"x".to_vec()))]),
+        1 => (b"C-0".to_vec(), (0..300).map(|i| (format!("h{i}").into_bytes(), None)).collect()),
+        _ => (b"\xc3\x28".to_vec(), vec![(b"event-id".to_vec(), None)]),
+    };
+    tally_integration_tests::hostile::RawRecord { key: Some(key), value: Some(value.to_vec()), headers }
 }
 
 /// A record's payload as JSON; `Null` for poison (or no payload).
