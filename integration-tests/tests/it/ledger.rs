@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use tally_actors::ledger::{
     BatchSettler, LedgerTopics, Settle, SettleError, SettleOutcome, SettleRequest, SettlementBatcher, Settler,
 };
+use tally_actors::store::accounts::claim_inbox;
 use tally_actors::store::{build_pool, PoolSettings};
 use tally_actors::supervise::ErrorClass;
 use tally_engine::config::RetryConfig;
@@ -497,4 +498,45 @@ async fn a_batch_that_times_out_fails_whole_and_is_not_split() {
         assert_eq!(result.expect("batcher alive"), Ok(SettleOutcome::Settled), "request {i}");
     }
     assert_eq!(balance(&db, "H-B").await, 10 + 20 + 7 * 30);
+}
+
+/// Two settlement transactions claim the same redelivered transfers in the inbox, listed in
+/// opposite orders: neither waits for the other while holding what the other waits for, so
+/// both commit (no deadlock), and each transfer is claimed by exactly one of them. A third
+/// transaction holds the middle id until both claims have started, so that they run
+/// together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_claims_of_the_same_ids_in_opposite_orders_do_not_deadlock() {
+    use diesel_async::scoped_futures::ScopedFutureExt;
+    use diesel_async::{AsyncConnection, AsyncPgConnection};
+
+    let db = TestDb::new().await;
+    let mut ids = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
+    ids.sort_unstable();
+    let mut holder = db.connect().await;
+    let held = holder.transaction().await.expect("begin");
+    held.execute("INSERT INTO processed_transfers (transfer_id, outcome) VALUES ($1, 'PROCESSING')", &[&ids[1]])
+        .await
+        .expect("hold the middle id");
+
+    let claim = |order: Vec<Uuid>| {
+        let url = db.url().to_owned();
+        tokio::spawn(async move {
+            let mut conn = AsyncPgConnection::establish(&url).await.expect("diesel connection");
+            conn.transaction(|c| async move { claim_inbox(c, &order).await }.scope_boxed())
+                .await
+                .map_err(|e| e.to_string())
+        })
+    };
+    let ascending = claim(ids.to_vec());
+    let descending = claim(ids.iter().rev().copied().collect());
+    db.wait_lock_waiters(2, "both claims wait").await;
+    held.rollback().await.expect("release the middle id");
+
+    let ascending = ascending.await.expect("task").expect("the ascending claim commits");
+    let descending = descending.await.expect("task").expect("the descending claim commits");
+    assert!(ascending.is_disjoint(&descending), "{ascending:?} and {descending:?}");
+    let mut claimed: Vec<Uuid> = ascending.union(&descending).copied().collect();
+    claimed.sort_unstable();
+    assert_eq!(claimed, ids, "every id claimed once");
 }
