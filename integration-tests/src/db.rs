@@ -125,6 +125,28 @@ impl TestDb {
         self.scalar_i64("SELECT count(*) FROM outbox_events WHERE published_at IS NULL", &[]).await
     }
 
+    /// Waits until at least `n` backends of this database wait on a lock (held by the test).
+    ///
+    /// # Panics
+    /// When that does not happen within [`Deadline::DEFAULT`].
+    pub async fn wait_lock_waiters(&self, n: i64, what: &str) {
+        wait_until(what, Deadline::DEFAULT, || async {
+            let waiting = self
+                .scalar_i64(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                    &[],
+                )
+                .await;
+            if waiting >= n {
+                Ok(())
+            } else {
+                Err(format!("{waiting} backends wait on a lock"))
+            }
+        })
+        .await;
+    }
+
     /// Waits until every outbox row is published.
     ///
     /// # Panics

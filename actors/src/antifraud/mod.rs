@@ -1,7 +1,7 @@
 //! The antifraud stage: consume-transform-produce inside Kafka transactions.
 //! (This file is the loop shell, its unit tests are in `tests.rs`; one batch is in
 //! `batch.rs`, the transactions in `txn.rs`, the outputs in `output.rs`, the decisions in
-//! `decisions.rs`.)
+//! `decisions.rs`, the risk rules in `risk.rs` and their velocity window in `velocity.rs`.)
 //!
 //! One driver thread polls `transfers.requested` (`read_committed`), decides each transfer
 //! once, and writes `TransferAnalyzed` (score below the block limit) or `TransferRejected`
@@ -34,6 +34,7 @@ mod hold;
 mod output;
 mod risk;
 mod txn;
+mod velocity;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};

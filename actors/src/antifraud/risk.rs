@@ -3,14 +3,15 @@
 //! own `requestedAt` times, counting distinct transfers (a redelivered transfer is not a
 //! second one), so a replay of the same input scores the same. The window is rebuilt from
 //! the stored decisions when partitions are assigned, so it survives restarts and
-//! rebalances.
+//! rebalances. The window itself is [`VelocityWindow`] (`velocity.rs`).
 
-use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tally_schema::events::TransferRequested;
 use uuid::Uuid;
+
+use super::velocity::VelocityWindow;
 
 /// Scores a transfer from 0 (no risk) to 100.
 pub trait RiskEngine: Send {
@@ -59,44 +60,15 @@ impl Default for RiskRules {
 #[derive(Debug)]
 pub struct RulesRiskEngine {
     rules: RiskRules,
-    /// Per source account: (requested at, transfer id) inside the window.
-    recent: HashMap<String, VecDeque<(DateTime<Utc>, Uuid)>>,
-    seen: usize,
+    velocity: VelocityWindow,
 }
 
 impl RulesRiskEngine {
     #[must_use]
     pub fn new(mut rules: RiskRules) -> Self {
         rules.amount_tiers.sort_unstable();
-        Self { rules, recent: HashMap::new(), seen: 0 }
-    }
-
-    fn window_delta(&self) -> chrono::Duration {
-        chrono::Duration::from_std(self.rules.velocity_window).unwrap_or(chrono::Duration::MAX)
-    }
-
-    /// Transfers of `account` inside the window ending at `at`, this one included (counted
-    /// once, however often it is delivered).
-    fn velocity(&mut self, account: &str, transfer: Uuid, at: DateTime<Utc>) -> usize {
-        let window = self.window_delta();
-        let times = self.recent.entry(account.to_owned()).or_default();
-        if !times.iter().any(|(_, id)| *id == transfer) {
-            // Keep the deque ordered by time even when events arrive out of order.
-            let position = times.partition_point(|(t, _)| *t <= at);
-            times.insert(position, (at, transfer));
-        }
-        // Checked: a time near chrono's limits must not overflow (decode bounds the years).
-        let expired = |t: &DateTime<Utc>| t.checked_add_signed(window).is_some_and(|end| end < at);
-        while times.front().is_some_and(|(t, _)| expired(t)) {
-            times.pop_front();
-        }
-        let n = times.iter().filter(|(t, _)| *t <= at).count();
-        self.seen += 1;
-        if self.seen % 10_000 == 0 {
-            // Forget accounts with nothing inside the window, so memory stays bounded.
-            self.recent.retain(|_, t| t.back().is_some_and(|(last, _)| !expired(last)));
-        }
-        n
+        let velocity = VelocityWindow::new(rules.velocity_window);
+        Self { rules, velocity }
     }
 }
 
@@ -109,11 +81,8 @@ impl RiskEngine for RulesRiskEngine {
             .rev()
             .find(|(min, _)| t.amount_cents >= *min)
             .map_or(0, |(_, points)| *points);
-        let velocity = if self.velocity(&t.source_account, t.transfer_id, t.requested_at) > self.rules.velocity_max {
-            self.rules.velocity_points
-        } else {
-            0
-        };
+        let recent = self.velocity.count(&t.source_account, t.transfer_id, t.requested_at);
+        let velocity = if recent > self.rules.velocity_max { self.rules.velocity_points } else { 0 };
         (self.rules.base + amount + velocity).clamp(0, 100)
     }
 
@@ -122,12 +91,7 @@ impl RiskEngine for RulesRiskEngine {
     }
 
     fn rebuild(&mut self, recent: &[(String, Uuid, DateTime<Utc>)]) {
-        self.recent.clear();
-        for (account, id, at) in recent {
-            let times = self.recent.entry(account.clone()).or_default();
-            let position = times.partition_point(|(t, _)| *t <= *at);
-            times.insert(position, (*at, *id));
-        }
+        self.velocity.rebuild(recent);
     }
 }
 

@@ -2,9 +2,10 @@
 //! the outcome; it gathers requests from many accounts and settles them in one database
 //! transaction (a [`Settler`], by default [`settle_batch`]). A batch starts at once when no transaction is running,
 //! otherwise requests gather until a slot frees (or the batch is full), so batches grow with
-//! load. A failing batch is split in halves and retried, down to single transfers, so one
-//! bad transfer cannot sink the others; connection-level failures fail the whole batch at
-//! once (every transfer is retried by its own account's policy).
+//! load. A batch that fails on a poison transfer (bad data: [`ErrorClass::Poison`]) is split
+//! in halves and retried, down to single transfers, so one bad transfer cannot sink the
+//! others; any other failure (a timeout, a deadlock, the database down) fails the batch
+//! whole, once, and every transfer is retried or waits under its own record's policy.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -240,11 +241,14 @@ impl Handler<Settle> for SettlementBatcher {
     }
 }
 
-/// Settles `requests`, splitting a failing batch in halves down to single transfers, so
-/// that a poison transfer is isolated and the others settle. A database that is down fails
-/// every transfer at once (each waits for it under its own policy). A panic, which is a
-/// bug, fails the transfers of that batch as transient instead of taking the batcher down
-/// with every account that depends on it.
+/// Settles `requests`. A batch that fails on poison is split in halves down to single
+/// transfers, so that the poison transfer is isolated and the others settle. Any other
+/// failure is the batch's as a whole (a lock or statement timeout, a deadlock, a
+/// serialization failure, the database down): every transfer gets the error at once and is
+/// retried or waits under its own record's policy; settling halves would only multiply the
+/// work against a database that is slow or down. A panic, which is a bug, fails the
+/// transfers as transient instead of taking the batcher down with every account that
+/// depends on it, and is split like poison, since one transfer may cause it.
 fn settle_with_split(
     pool: PgPool,
     topics: LedgerTopics,
@@ -259,22 +263,26 @@ fn settle_with_split(
         };
         let attempt =
             AssertUnwindSafe(async { settler.settle(&mut conn, &topics, &requests).await }).catch_unwind().await;
-        let result = match attempt {
+        let (result, split) = match attempt {
             Ok(result) => {
                 // Back to the pool before any split, which takes connections of its own.
                 drop(conn);
-                result.map_err(|e| SettleError::of("database error", &e))
+                let result = result.map_err(|e| SettleError::of("database error", &e));
+                let split = result.as_ref().is_err_and(splits);
+                (result, split)
             }
             Err(_) => {
                 // The connection may hold an open transaction: never give it back.
                 let _ = deadpool::managed::Object::take(conn);
-                // Split like any other failure, so the others of the batch settle.
-                Err(SettleError { class: ErrorClass::Transient, message: "settlement panicked (a bug)".into() })
+                // Split like poison, so the others of the batch settle.
+                let panicked =
+                    SettleError { class: ErrorClass::Transient, message: "settlement panicked (a bug)".into() };
+                (Err(panicked), true)
             }
         };
         match result {
             Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-            Err(e) if requests.len() == 1 || e.class() == ErrorClass::Unavailable => fail_all(e, requests.len()),
+            Err(e) if !split || requests.len() == 1 => fail_all(e, requests.len()),
             Err(_) => {
                 let mut left = requests;
                 let right = left.split_off(left.len() / 2);
@@ -287,9 +295,24 @@ fn settle_with_split(
     .boxed()
 }
 
+/// Whether a batch that failed with `error` is settled again in halves: only when one of
+/// its transfers can have caused it on its own (poison). A timeout, a deadlock, a
+/// serialization failure or an outage is met by the batch as a whole.
+fn splits(error: &SettleError) -> bool {
+    error.class() == ErrorClass::Poison
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_poison_splits_a_batch() {
+        let error = |class| SettleError { class, message: String::new() };
+        assert!(splits(&error(ErrorClass::Poison)));
+        assert!(!splits(&error(ErrorClass::Transient)), "a timeout, deadlock or serialization failure");
+        assert!(!splits(&error(ErrorClass::Unavailable)), "the database down");
+    }
 
     #[test]
     fn an_idle_batcher_starts_at_once_and_a_busy_one_gathers() {

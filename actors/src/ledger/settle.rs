@@ -7,8 +7,9 @@
 //! bench's one-transfer baseline is `tally_engine::bench::baseline`.
 //!
 //! 1. Inbox: `INSERT INTO processed_transfers ... ON CONFLICT (transfer_id) DO NOTHING
-//!    RETURNING transfer_id`; a transfer whose row was not inserted is a duplicate and has
-//!    no effect.
+//!    RETURNING transfer_id`, in transfer id order (so batches sharing redelivered
+//!    transfers cannot deadlock); a transfer whose row was not inserted is a duplicate and
+//!    has no effect.
 //! 2. Lock every account involved, `ORDER BY id FOR UPDATE`: every transaction locks in the
 //!    same global order, so concurrent batches (and A->B against B->A) cannot deadlock.
 //! 3. Read the intake's own `transfers` rows of the batch, if any: a transfer tally's intake

@@ -89,12 +89,17 @@ struct InsertedId {
 /// The inbox: inserts a `processed_transfers` row (outcome PROCESSING) for each of `ids`
 /// and returns those that were inserted; a transfer whose row exists is a duplicate.
 ///
+/// The rows are inserted in id order, whatever the order of `ids`: an insert that meets a
+/// key another open transaction inserted waits for it, so two batches holding the same
+/// redelivered transfers in different orders would otherwise each wait for a key the
+/// other holds (a deadlock). In one global order the later one waits, never in a cycle.
+///
 /// # Errors
 /// Any database error.
 pub async fn claim_inbox(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<HashSet<Uuid>, diesel::result::Error> {
     Ok(diesel::sql_query(
         "INSERT INTO processed_transfers (transfer_id, outcome) \
-         SELECT id, 'PROCESSING' FROM unnest($1::uuid[]) AS id \
+         SELECT id, 'PROCESSING' FROM unnest($1::uuid[]) AS id ORDER BY id \
          ON CONFLICT (transfer_id) DO NOTHING RETURNING transfer_id",
     )
     .bind::<Array<SqlUuid>, _>(ids)

@@ -18,24 +18,6 @@ use tally_integration_tests::{
 };
 use uuid::Uuid;
 
-/// Waits until a backend of the test database waits on a lock (a writer held by the test).
-async fn wait_for_a_lock_waiter(db: &TestDb, what: &str) {
-    wait_until(what, Deadline::DEFAULT, || async {
-        let waiting = db
-            .scalar_i64(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
-                &[],
-            )
-            .await;
-        if waiting > 0 {
-            Ok(())
-        } else {
-            Err("no backend waits on a lock yet".to_owned())
-        }
-    })
-    .await;
-}
-
 /// Outbox rows whose payload names a transfer that exists.
 async fn outbox_rows_naming_a_transfer(db: &TestDb) -> i64 {
     db.scalar_i64(
@@ -74,7 +56,7 @@ async fn requests_that_wait_share_a_transaction_and_keys_make_one_transfer_each(
     let holder = env.db.connect().await;
     holder.batch_execute("BEGIN; LOCK TABLE transfers IN SHARE MODE").await.expect("lock transfers");
     let first = tokio::spawn(post(transfer("acc-first", 1), None));
-    wait_for_a_lock_waiter(&env.db, "the writer waits on the lock").await;
+    env.db.wait_lock_waiters(1, "the writer waits on the lock").await;
 
     let mut requests = Vec::new();
     for i in 0..30 {
@@ -251,7 +233,7 @@ async fn a_poison_move_fails_alone_and_the_rest_of_its_batch_lands() {
         let event = json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": reason, "rejectedAt": "2026-11-30T00:00:00Z" });
         produce(&producer, "transfers.rejected", None, &id.to_string(), event.to_string().as_bytes(), &[]).await;
     }
-    wait_for_a_lock_waiter(&env.db, "the projection's writers wait on the lock").await;
+    env.db.wait_lock_waiters(1, "the projection's writers wait on the lock").await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     holder.batch_execute("COMMIT").await.expect("release the lock");
 

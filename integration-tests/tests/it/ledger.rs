@@ -1,23 +1,34 @@
 //! Black-box tests of the ledger pipeline: partition consumers, per-account ledgers,
 //! group-committed settlement, offset watermarks, supervision (retry, DLT).
 //!
-//! Broker: every test runs on the embedded broker (librdkafka's mock cluster, 3 brokers,
-//! in this test process) created by the harness; it outlives daemon restarts and serves
-//! the `tally run` child process of the abrupt-stop test over loopback. Database: a fresh
-//! PostgreSQL database per test.
+//! Broker: the daemon tests run on the embedded broker (librdkafka's mock cluster, 3
+//! brokers, in this test process) created by the harness; it outlives daemon restarts and
+//! serves the `tally run` child process of the abrupt-stop test over loopback. The
+//! settlement batcher and inbox tests need none. Database: a fresh PostgreSQL database per
+//! test.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use actix::Actor;
+use futures_util::future::{join_all, BoxFuture};
 use rdkafka::producer::FutureProducer;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use tally_actors::ledger::{
+    BatchSettler, LedgerTopics, Settle, SettleError, SettleOutcome, SettleRequest, SettlementBatcher, Settler,
+};
+use tally_actors::store::accounts::claim_inbox;
+use tally_actors::store::{build_pool, PoolSettings};
+use tally_actors::supervise::ErrorClass;
 use tally_engine::config::RetryConfig;
 use tally_integration_tests::{
     self as harness, json_body, metric_value, producer, read_topic, spawn_app, wait_until, Deadline, TestApp, TestDb,
     TestEnv,
 };
+use tally_schema::events::TransferAnalyzed;
 use uuid::Uuid;
 
 const ANALYZED: &str = "transfers.analyzed";
@@ -396,4 +407,136 @@ async fn abrupt_stop_mid_stream_then_restart_loses_and_doubles_nothing() {
     wait_processed(&env.db, ids.len() as i64).await;
     assert_every_transfer_ended_once(&env, &ids).await;
     ledger_check(&app).await;
+}
+
+/// The daemon's settler, recording the size of every batch it is asked to settle.
+struct RecordingSettler {
+    inner: BatchSettler,
+    sizes: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Settler for RecordingSettler {
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+
+    fn settle<'a>(
+        &'a self,
+        conn: &'a mut diesel_async::AsyncPgConnection,
+        topics: &'a LedgerTopics,
+        batch: &'a [SettleRequest],
+    ) -> BoxFuture<'a, Result<Vec<SettleOutcome>, diesel::result::Error>> {
+        self.sizes.lock().expect("sizes").push(batch.len());
+        self.inner.settle(conn, topics, batch)
+    }
+}
+
+fn settle_request(from: &str, to: &str, amount: i64) -> SettleRequest {
+    let transfer = TransferAnalyzed {
+        event_id: Uuid::new_v4(),
+        transfer_id: Uuid::new_v4(),
+        source_account: from.into(),
+        destination_account: to.into(),
+        amount_cents: amount,
+        currency: "BRL".into(),
+        score: 10,
+        analyzed_at: chrono::Utc::now(),
+    };
+    SettleRequest { transfer, traceparent: None }
+}
+
+/// A batch that fails for a reason no one transfer of it caused (here a lock wait past the
+/// lock timeout on an account row another connection holds) fails whole, once: each
+/// transfer gets the transient error back (its record's policy retries it) and the batch
+/// is not settled again in halves, which would only multiply the waits against a database
+/// that is slow or down. Once the lock is gone, every transfer settles.
+#[actix::test]
+async fn a_batch_that_times_out_fails_whole_and_is_not_split() {
+    let db = TestDb::new().await;
+    let mut rows = vec![("H-A".to_owned(), 1_000, "BRL"), ("H-B".to_owned(), 0, "BRL")];
+    rows.extend((0..7).map(|i| (format!("F-{i}"), 1_000, "BRL")));
+    for (id, balance, currency) in &rows {
+        accounts(&db, &[(id.as_str(), *balance, *currency)]).await;
+    }
+    let mut blocker = db.connect().await;
+    let tx = blocker.transaction().await.expect("begin");
+    tx.execute("SELECT 1 FROM accounts WHERE id = 'H-A' FOR UPDATE", &[]).await.expect("lock H-A");
+
+    let pool = build_pool(&PoolSettings {
+        url: db.url().to_owned(),
+        max_size: 4,
+        statement_timeout: Duration::from_millis(300),
+        connect_timeout: Duration::from_secs(5),
+        application_name: "tally-test-batcher".into(),
+    })
+    .expect("pool");
+    let sizes = Arc::new(Mutex::new(Vec::new()));
+    let settler = RecordingSettler { inner: BatchSettler { max_batch: 64 }, sizes: Arc::clone(&sizes) };
+    let topics = LedgerTopics { settled: "s".into(), rejected: "r".into(), max_balance_cents: 1_000_000 };
+    let metrics = tally_actors::Metrics::new().expect("metrics");
+    // One batch at a time: the first request runs alone (and waits on H-A's lock until the
+    // lock timeout) while the next eight gather into one batch, one of them from H-A too.
+    let batcher = SettlementBatcher::new(pool, topics, metrics, Arc::new(settler), 1, Duration::from_millis(1)).start();
+    let mut requests = vec![settle_request("H-A", "H-B", 10), settle_request("H-A", "H-B", 20)];
+    requests.extend((0..7).map(|i| settle_request(&format!("F-{i}"), "H-B", 30)));
+
+    let send_all = |requests: &[SettleRequest]| join_all(requests.iter().map(|r| batcher.send(Settle(r.clone()))));
+    let results: Vec<Result<SettleOutcome, SettleError>> =
+        send_all(&requests).await.into_iter().map(|r| r.expect("batcher alive")).collect();
+    assert_eq!(*sizes.lock().expect("sizes"), [1, 8], "the first alone, then the eight that gathered, unsplit");
+    for (i, result) in results.iter().enumerate() {
+        let class = result.as_ref().map_err(|e| e.class);
+        assert_eq!(class, Err(ErrorClass::Transient), "request {i}: the lock timeout, back to its caller");
+    }
+    assert_eq!(db.count("processed_transfers").await, 0, "nothing written");
+    assert_eq!(db.count("postings").await, 0);
+
+    // The lock goes; the callers' retries settle every transfer.
+    tx.rollback().await.expect("release H-A");
+    let results = send_all(&requests).await;
+    for (i, result) in results.into_iter().enumerate() {
+        assert_eq!(result.expect("batcher alive"), Ok(SettleOutcome::Settled), "request {i}");
+    }
+    assert_eq!(balance(&db, "H-B").await, 10 + 20 + 7 * 30);
+}
+
+/// Two settlement transactions claim the same redelivered transfers in the inbox, listed in
+/// opposite orders: neither waits for the other while holding what the other waits for, so
+/// both commit (no deadlock), and each transfer is claimed by exactly one of them. A third
+/// transaction holds the middle id until both claims have started, so that they run
+/// together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_claims_of_the_same_ids_in_opposite_orders_do_not_deadlock() {
+    use diesel_async::scoped_futures::ScopedFutureExt;
+    use diesel_async::{AsyncConnection, AsyncPgConnection};
+
+    let db = TestDb::new().await;
+    let mut ids = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
+    ids.sort_unstable();
+    let mut holder = db.connect().await;
+    let held = holder.transaction().await.expect("begin");
+    held.execute("INSERT INTO processed_transfers (transfer_id, outcome) VALUES ($1, 'PROCESSING')", &[&ids[1]])
+        .await
+        .expect("hold the middle id");
+
+    let claim = |order: Vec<Uuid>| {
+        let url = db.url().to_owned();
+        tokio::spawn(async move {
+            let mut conn = AsyncPgConnection::establish(&url).await.expect("diesel connection");
+            conn.transaction(|c| async move { claim_inbox(c, &order).await }.scope_boxed())
+                .await
+                .map_err(|e| e.to_string())
+        })
+    };
+    let ascending = claim(ids.to_vec());
+    let descending = claim(ids.iter().rev().copied().collect());
+    db.wait_lock_waiters(2, "both claims wait").await;
+    held.rollback().await.expect("release the middle id");
+
+    let ascending = ascending.await.expect("task").expect("the ascending claim commits");
+    let descending = descending.await.expect("task").expect("the descending claim commits");
+    assert!(ascending.is_disjoint(&descending), "{ascending:?} and {descending:?}");
+    let mut claimed: Vec<Uuid> = ascending.union(&descending).copied().collect();
+    claimed.sort_unstable();
+    assert_eq!(claimed, ids, "every id claimed once");
 }
