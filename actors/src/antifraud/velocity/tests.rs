@@ -3,7 +3,7 @@
 //! inputs, and the cost of a busy account (`--ignored`).
 
 use std::collections::{HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use proptest::prelude::*;
@@ -146,37 +146,5 @@ proptest! {
                 prop_assert_eq!(a.ids.len(), a.times.len(), "one id per remembered transfer");
             }
         }
-    }
-}
-
-/// 100,000 transfers of one account, one every millisecond (a 60 s window holds up to
-/// 60,000 of them), in order and with every tenth half a second late: the time to score
-/// them all with the linear scan and with the window. A printout, not an assertion:
-/// `cargo test -p tally-actors --lib velocity -- --ignored --nocapture`, optimised.
-#[test]
-#[ignore = "a measurement; run on demand, optimised"]
-fn cost_of_a_busy_account() {
-    const N: i64 = 100_000;
-    let window_length = Duration::from_secs(60);
-    for (name, late) in [("in order", false), ("every tenth 500 ms late", true)] {
-        let transfers: Vec<(Uuid, DateTime<Utc>)> = (0..N)
-            .map(|i| {
-                let ms = if late && i % 10 == 0 { i - 500 } else { i };
-                (Uuid::from_u128(i as u128 + 1), seconds(0) + chrono::Duration::milliseconds(ms))
-            })
-            .collect();
-        let started = Instant::now();
-        let mut fast = VelocityWindow::new(window_length);
-        let fast_counts: Vec<usize> = transfers.iter().map(|(t, at)| fast.count("busy", *t, *at)).collect();
-        let fast_took = started.elapsed();
-        let started = Instant::now();
-        let mut linear = LinearWindow::new(window_length, FORGET_EVERY);
-        let linear_counts: Vec<usize> = transfers.iter().map(|(t, at)| linear.velocity("busy", *t, *at)).collect();
-        let linear_took = started.elapsed();
-        assert_eq!(fast_counts, linear_counts, "{name}: the same counts");
-        println!(
-            "{N} transfers of one account, {name}: linear scan {linear_took:?}, window {fast_took:?} ({:.0}x)",
-            linear_took.as_secs_f64() / fast_took.as_secs_f64().max(1e-9)
-        );
     }
 }
