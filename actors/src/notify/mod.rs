@@ -191,13 +191,27 @@ async fn post(
         .body(body.to_vec())
         .send()
         .await
-        .map_err(|e| format!("webhook request failed: {e}"))?;
+        .map_err(send_failure)?;
     let status = response.status();
     if status.is_success() {
         Ok(status.as_u16())
     } else {
         Err(format!("webhook answered HTTP {}", status.as_u16()))
     }
+}
+
+/// Why a POST got no answer, with its causes: the message goes to the log, to the retry
+/// topic's `retry-last-error` header and to the dead letter, so it leaves out the URL,
+/// whose query may carry a credential (reqwest names it in its errors).
+fn send_failure(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut message = format!("webhook request failed: {e}");
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        message.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    message
 }
 
 async fn schedule_retry(
@@ -253,6 +267,20 @@ mod tests {
         // The delays name topics: computed in whole milliseconds and truncated, as always.
         let inexact = Backoff { initial: Duration::from_secs(1), multiplier: 1.4, max: Duration::from_secs(30) };
         assert_eq!(retry_delays(inexact, 4), vec![1_000, 1_400, 1_959]);
+    }
+
+    /// The webhook URL may carry credentials (`user:password@`, `?token=`); a failed
+    /// request's message is logged and written to Kafka and the database, so it must not
+    /// show them.
+    #[tokio::test]
+    async fn a_failed_request_does_not_show_the_url_credentials() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).unwrap();
+        let url = format!("http://hook-user:hunter2@{closed}/hook?token=hunter3&x=1");
+        let error = reqwest::Client::new().post(&url).body("{}").send().await.unwrap_err();
+        let message = send_failure(error);
+        assert!(message.starts_with("webhook request failed"), "{message}");
+        assert!(!message.contains("hunter"), "{message}");
+        assert!(message.contains("refused"), "the cause is kept: {message}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ const TOKEN: &str = "admin-t0ken-for-tests";
 
 fn notify_config(url: &str) -> impl FnOnce(&mut tally_engine::Config) + '_ {
     move |c: &mut tally_engine::Config| {
-        c.notifications.webhook_url = url.to_owned();
+        c.notifications.webhook_url = tally_engine::config::SecretUrl::new(url);
         c.notifications.webhook_secret = tally_engine::config::Secret::new(SECRET);
         c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
     }
@@ -216,6 +216,36 @@ async fn a_settled_transfer_produces_one_signed_post() {
     assert_eq!(
         body["eventId"],
         json!(tally_schema::derived_event_id("settled", serde_json::from_value(transfer["id"].clone()).expect("uuid")))
+    );
+    assert_signed(&calls[0]);
+}
+
+/// A webhook URL with credentials (`user:password@`, a `?token=`) is called with them,
+/// while `tally config` shows it redacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_url_with_credentials_is_called_with_them() {
+    let receiver = WebhookReceiver::start(|_, _| 200).await;
+    let authority = receiver.url.trim_start_matches("http://").trim_end_matches("/hook");
+    let url = format!("http://hook-user:hook-pa55word@{authority}/hook?token=hook-t0ken&x=1");
+    let (env, app) = spawn_app(notify_config(&url)).await;
+    assert!(!app.config.to_redacted_toml().contains("hook-pa55word"), "the configuration shows the password");
+    let (event, _) = settled(&producer(env.bootstrap()), "N-CRED").await;
+    let calls = wait_until("the notification", Deadline::DEFAULT, || async {
+        let calls = receiver.calls();
+        if calls.is_empty() {
+            Err("no call".to_owned())
+        } else {
+            Ok(calls)
+        }
+    })
+    .await;
+    assert_eq!(event_id(&calls[0]), event["eventId"].as_str().expect("id"));
+    assert_eq!(calls[0].request, "POST /hook?token=hook-t0ken&x=1", "the path and query as configured");
+    // Basic base64("hook-user:hook-pa55word"): the userinfo goes as HTTP basic auth.
+    assert_eq!(
+        calls[0].headers.get("authorization").map(String::as_str),
+        Some("Basic aG9vay11c2VyOmhvb2stcGE1NXdvcmQ="),
+        "the credentials of the userinfo"
     );
     assert_signed(&calls[0]);
 }
