@@ -10,6 +10,10 @@
 //! `<topic>-retry-<delay_ms>` with its attempt count, original coordinates and due time,
 //! and the consumer of that retry topic holds the partition until the record is due. After
 //! the last attempt the record goes to `<topic>-dlt` as `exhausted`.
+//!
+//! The POST and the retry-topic write each check the record's lease right before they
+//! happen: once its partition is revoked, this instance sends and schedules nothing more
+//! for it.
 
 mod writes;
 
@@ -30,7 +34,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::backoff::Backoff;
-use crate::consume::Record;
+use crate::consume::{Lease, Record};
 use crate::metrics::Metrics;
 use crate::store::notifications::Delivery;
 use crate::store::PgPool;
@@ -135,8 +139,12 @@ impl RecordHandler for Notifier {
                 metrics.notification_deliveries_total.with_label_values(&["already_delivered"]).inc();
                 return Ok("already_delivered");
             }
+            still_ours("the webhook POST")?;
             let failure = match post(&http, &settings, &record, ids.event_id, body, attempt).await {
                 Ok(status) => {
+                    // Recorded even when the lease ended meanwhile: the receiver has the
+                    // event, and the record keeps the partition's new owner from sending it
+                    // again.
                     let delivery = Delivery {
                         event_id: ids.event_id,
                         topic: origin.topic.clone(),
@@ -163,11 +171,25 @@ impl RecordHandler for Notifier {
             }
             let delay = settings.delays_ms[(attempt - 1) as usize];
             let retry_topic = topics::retry(&origin.topic, delay);
+            still_ours("the retry-topic write")?;
             warn!(event_id = %ids.event_id, attempt, retry_topic, error = %failure, "Notification failed; scheduled a retry.");
             schedule_retry(&producer, &record, &retry_topic, attempt, delay, &failure).await?;
             metrics.retry_records_total.with_label_values(&[&retry_topic, &(attempt + 1).to_string()]).inc();
             Ok("retry_scheduled")
         })
+    }
+}
+
+/// Checks the record's lease right before a side effect (the supervisor checks it before
+/// each attempt; an attempt can wait long on the database or the receiver). After the
+/// partition was revoked nothing more happens for the record here: the error ends it
+/// uncommitted (an ending lease never waits for a dependency), and the partition's new
+/// owner delivers it.
+fn still_ours(step: &str) -> Result<(), HandlerError> {
+    if Lease::current_is_live() {
+        Ok(())
+    } else {
+        Err(HandlerError::unavailable(format!("the partition was revoked before {step}")))
     }
 }
 
