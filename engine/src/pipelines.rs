@@ -301,7 +301,7 @@ impl Wiring<'_> {
                 self.dead_letters(DbPool::Notifications, &cfg.group_id, &stopping),
                 self.metrics.clone(),
                 NotifierSettings {
-                    webhook_url: cfg.webhook_url.clone(),
+                    webhook_url: cfg.webhook_url.expose().to_owned(),
                     secret: cfg.webhook_secret.expose().to_owned(),
                     timeout: cfg.timeout,
                     delays_ms: delays.clone(),

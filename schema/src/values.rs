@@ -16,6 +16,9 @@ pub enum ValueError {
     Amount { field: &'static str },
     #[error("{field} must be 1 to {max} characters, not blank, without control characters")]
     Text { field: &'static str, max: usize },
+    /// `at` names the string or key: `lines[0].sku`, `a key of lines[0]`.
+    #[error("{at} must not contain the NUL character (U+0000), which the database cannot store")]
+    Nul { at: String },
 }
 
 /// An account id: 1..=32 characters, no whitespace or control characters.
@@ -108,9 +111,86 @@ pub fn parse_text(field: &'static str, value: &str, max: usize) -> Result<String
     Ok(value.to_owned())
 }
 
+/// Validates a JSON document kept as it is, such as an order's `lines`: no string and no
+/// object key anywhere in it may hold U+0000, which PostgreSQL's `text` and `jsonb` refuse.
+/// (The string fields of a body meet the rule through their own: no control characters.)
+///
+/// # Errors
+/// [`ValueError::Nul`] naming the first string or key that holds U+0000, by its path from
+/// `field`: `lines[0].sku`, `a key of lines[0]`.
+pub fn check_json_text(field: &'static str, value: &serde_json::Value) -> Result<(), ValueError> {
+    let Some(mut path) = nul_in(value) else { return Ok(()) };
+    path.reverse();
+    let key = matches!(path.last(), Some(Step::Key));
+    let mut at = field.to_owned();
+    for step in path {
+        match step {
+            Step::Index(i) => at.push_str(&format!("[{i}]")),
+            Step::Field(name) if !name.is_empty() && name.chars().all(|c| c.is_alphanumeric() || c == '_') => {
+                at.push('.');
+                at.push_str(name);
+            }
+            Step::Field(name) => at.push_str(&format!("[{}]", serde_json::Value::from(name))),
+            Step::Key => {}
+        }
+    }
+    Err(ValueError::Nul { at: if key { format!("a key of {at}") } else { at } })
+}
+
+/// One step of the path to a U+0000 in a JSON document.
+enum Step<'a> {
+    Index(usize),
+    Field(&'a str),
+    /// The object's key itself holds it.
+    Key,
+}
+
+/// The path to the first U+0000 in `value`, innermost step first. Recursion is bounded by
+/// the nesting that `serde_json` parses (128 levels).
+fn nul_in(value: &serde_json::Value) -> Option<Vec<Step<'_>>> {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => s.contains('\0').then(Vec::new),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+            nul_in(item).map(|mut path| {
+                path.push(Step::Index(i));
+                path
+            })
+        }),
+        Value::Object(fields) => fields.iter().find_map(|(name, item)| {
+            if name.contains('\0') {
+                return Some(vec![Step::Key]);
+            }
+            nul_in(item).map(|mut path| {
+                path.push(Step::Field(name));
+                path
+            })
+        }),
+        Value::Null | Value::Bool(_) | Value::Number(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_text_refuses_nul_anywhere_and_names_it() {
+        let check = |v: serde_json::Value| check_json_text("lines", &v).map_err(|e| e.to_string());
+        assert_eq!(check(serde_json::json!([{"sku": "A", "qty": 1, "tags": ["x", null, true, 1.5]}])), Ok(()));
+        assert_eq!(check(serde_json::json!([])), Ok(()));
+        for (bad, at) in [
+            (serde_json::json!(["\u{0}"]), "lines[0] must"),
+            (serde_json::json!([{"sku": "A\u{0}"}]), "lines[0].sku must"),
+            (serde_json::json!([{"ok": 1}, {"parts": [{"tags": ["x", "\u{0}"]}]}]), "lines[1].parts[0].tags[1] must"),
+            (serde_json::json!([{"a b": "\u{0}"}]), "lines[0][\"a b\"] must"),
+            (serde_json::json!([{"sku": "A", "no\u{0}te": "x"}]), "a key of lines[0] must"),
+            (serde_json::json!("\u{0}"), "lines must"),
+        ] {
+            let refused = check(bad.clone()).expect_err(&format!("{bad} accepted"));
+            assert!(refused.starts_with(at), "{bad}: {refused}");
+        }
+    }
 
     #[test]
     fn account_id_bounds() {

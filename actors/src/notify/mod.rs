@@ -10,6 +10,10 @@
 //! `<topic>-retry-<delay_ms>` with its attempt count, original coordinates and due time,
 //! and the consumer of that retry topic holds the partition until the record is due. After
 //! the last attempt the record goes to `<topic>-dlt` as `exhausted`.
+//!
+//! The POST and the retry-topic write each check the record's lease right before they
+//! happen: once its partition is revoked, this instance sends and schedules nothing more
+//! for it.
 
 mod writes;
 
@@ -30,7 +34,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::backoff::Backoff;
-use crate::consume::Record;
+use crate::consume::{Lease, Record};
 use crate::metrics::Metrics;
 use crate::store::notifications::Delivery;
 use crate::store::PgPool;
@@ -135,8 +139,12 @@ impl RecordHandler for Notifier {
                 metrics.notification_deliveries_total.with_label_values(&["already_delivered"]).inc();
                 return Ok("already_delivered");
             }
+            still_ours("the webhook POST")?;
             let failure = match post(&http, &settings, &record, ids.event_id, body, attempt).await {
                 Ok(status) => {
+                    // Recorded even when the lease ended meanwhile: the receiver has the
+                    // event, and the record keeps the partition's new owner from sending it
+                    // again.
                     let delivery = Delivery {
                         event_id: ids.event_id,
                         topic: origin.topic.clone(),
@@ -163,11 +171,25 @@ impl RecordHandler for Notifier {
             }
             let delay = settings.delays_ms[(attempt - 1) as usize];
             let retry_topic = topics::retry(&origin.topic, delay);
+            still_ours("the retry-topic write")?;
             warn!(event_id = %ids.event_id, attempt, retry_topic, error = %failure, "Notification failed; scheduled a retry.");
             schedule_retry(&producer, &record, &retry_topic, attempt, delay, &failure).await?;
             metrics.retry_records_total.with_label_values(&[&retry_topic, &(attempt + 1).to_string()]).inc();
             Ok("retry_scheduled")
         })
+    }
+}
+
+/// Checks the record's lease right before a side effect (the supervisor checks it before
+/// each attempt; an attempt can wait long on the database or the receiver). After the
+/// partition was revoked nothing more happens for the record here: the error ends it
+/// uncommitted (an ending lease never waits for a dependency), and the partition's new
+/// owner delivers it.
+fn still_ours(step: &str) -> Result<(), HandlerError> {
+    if Lease::current_is_live() {
+        Ok(())
+    } else {
+        Err(HandlerError::unavailable(format!("the partition was revoked before {step}")))
     }
 }
 
@@ -191,13 +213,27 @@ async fn post(
         .body(body.to_vec())
         .send()
         .await
-        .map_err(|e| format!("webhook request failed: {e}"))?;
+        .map_err(send_failure)?;
     let status = response.status();
     if status.is_success() {
         Ok(status.as_u16())
     } else {
         Err(format!("webhook answered HTTP {}", status.as_u16()))
     }
+}
+
+/// Why a POST got no answer, with its causes: the message goes to the log, to the retry
+/// topic's `retry-last-error` header and to the dead letter, so it leaves out the URL,
+/// whose query may carry a credential (reqwest names it in its errors).
+fn send_failure(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut message = format!("webhook request failed: {e}");
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        message.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    message
 }
 
 async fn schedule_retry(
@@ -253,6 +289,20 @@ mod tests {
         // The delays name topics: computed in whole milliseconds and truncated, as always.
         let inexact = Backoff { initial: Duration::from_secs(1), multiplier: 1.4, max: Duration::from_secs(30) };
         assert_eq!(retry_delays(inexact, 4), vec![1_000, 1_400, 1_959]);
+    }
+
+    /// The webhook URL may carry credentials (`user:password@`, `?token=`); a failed
+    /// request's message is logged and written to Kafka and the database, so it must not
+    /// show them.
+    #[tokio::test]
+    async fn a_failed_request_does_not_show_the_url_credentials() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).unwrap();
+        let url = format!("http://hook-user:hunter2@{closed}/hook?token=hunter3&x=1");
+        let error = reqwest::Client::new().post(&url).body("{}").send().await.unwrap_err();
+        let message = send_failure(error);
+        assert!(message.starts_with("webhook request failed"), "{message}");
+        assert!(!message.contains("hunter"), "{message}");
+        assert!(message.contains("refused"), "the cause is kept: {message}");
     }
 
     #[test]

@@ -321,17 +321,25 @@ mod tests {
         c.http.admin_token = Secret::new("s3cret-token");
         c.database.url = SecretUrl::new("postgres://app:hunter2@db:5432/tally?sslmode=require&password=hunter3");
         c.notifications.webhook_secret = Secret::new("s3cret-hook");
+        c.notifications.webhook_url =
+            SecretUrl::new("http://hook-user:hunter4@hooks.example:8080/pay?token=hunter5&Signature=hunter6&x=1");
         c.kafka.producer.insert("sasl.password".into(), "s3cret-sasl".into());
         c.kafka.consumer.insert("ssl.key.pem".into(), "s3cret-pem".into());
         c.kafka.producer.insert("linger.ms".into(), "7".into());
         let shown = c.to_redacted_toml();
         let debug = format!("{c:?}");
-        for secret in ["s3cret", "hunter2", "hunter3"] {
+        for secret in ["s3cret", "hunter"] {
             assert!(!shown.contains(secret), "{shown}");
             assert!(!debug.contains(secret), "{debug}");
         }
         assert!(
             shown.contains("postgres://app:<redacted>@db:5432/tally?sslmode=require&password=<redacted>"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(
+                "webhook_url = \"http://hook-user:<redacted>@hooks.example:8080/pay?token=<redacted>&Signature=<redacted>&x=1\""
+            ),
             "{shown}"
         );
         assert!(shown.contains("\"linger.ms\" = \"7\""), "{shown}");

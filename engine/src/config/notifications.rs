@@ -5,8 +5,9 @@ use super::*;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NotificationsConfig {
-    /// Where events are POSTed. Empty: the notifications pipeline does not run.
-    pub webhook_url: String,
+    /// Where events are POSTed. Empty: the notifications pipeline does not run. It may
+    /// carry credentials (`user:password@`, `?token=`): they never print.
+    pub webhook_url: SecretUrl,
     /// HMAC-SHA256 key of the `X-Tally-Signature` header.
     pub webhook_secret: Secret,
     #[serde(rename = "timeout_ms", with = "super::duration::ms")]
@@ -27,7 +28,7 @@ pub struct NotificationsConfig {
 impl Default for NotificationsConfig {
     fn default() -> Self {
         Self {
-            webhook_url: String::new(),
+            webhook_url: SecretUrl::default(),
             webhook_secret: Secret::default(),
             timeout: Duration::from_millis(5_000),
             group_id: "tally-notifications".into(),
@@ -55,19 +56,20 @@ impl NotificationsConfig {
 
 impl NotificationsConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let url = self.webhook_url.expose();
         // This build has no TLS client: an https:// webhook would fail every delivery and
         // dead-letter every notification, so it is refused at start instead.
-        if self.webhook_url.starts_with("https://") {
+        if url.starts_with("https://") {
             return invalid(
                 "notifications.webhook_url",
                 "is https://, and this build has no TLS client: deliver over http:// to a local \
                  TLS-terminating proxy (or sidecar) that forwards to the receiver",
             );
         }
-        if !self.webhook_url.is_empty() && !self.webhook_url.starts_with("http://") {
+        if !url.is_empty() && !url.starts_with("http://") {
             return invalid("notifications.webhook_url", "must be an http:// URL (or empty to disable)");
         }
-        if !self.webhook_url.is_empty() && self.webhook_secret.is_empty() {
+        if !url.is_empty() && self.webhook_secret.is_empty() {
             return invalid("notifications.webhook_secret", "must be set when notifications.webhook_url is");
         }
         if self.timeout.is_zero() || self.retry_initial.is_zero() || self.retry_max < self.retry_initial {

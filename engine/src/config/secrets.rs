@@ -57,9 +57,9 @@ impl Serialize for Secret {
     }
 }
 
-/// A connection URL that may hold a password (`user:password@`, `?password=`): it prints
-/// itself (`Debug`, `Display`, `Serialize`) with the password replaced by `<redacted>`.
-/// Only [`SecretUrl::expose`] gives the URL as configured.
+/// A URL that may hold credentials (`user:password@`, `?password=`, `?token=`): it prints
+/// itself (`Debug`, `Display`, `Serialize`) with them replaced by `<redacted>`
+/// ([`SecretUrl::redacted`]). Only [`SecretUrl::expose`] gives the URL as configured.
 #[derive(Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct SecretUrl(String);
@@ -70,16 +70,24 @@ impl SecretUrl {
         Self(value.into())
     }
 
-    /// The URL with its password. Call it only where the connection is made.
+    /// The URL with its credentials. Call it only where the connection is made.
     #[must_use]
     pub fn expose(&self) -> &str {
         &self.0
     }
 
-    /// The URL with any password replaced by `<redacted>`.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The URL with the password of its userinfo and the value of every query parameter
+    /// whose name looks like a credential (holds `pass`, `pwd`, `secret`, `token`, `key`,
+    /// `sig`, `auth` or `cred`, in any case) replaced by `<redacted>`; the user name, host,
+    /// path and other parameters stay readable.
     #[must_use]
     pub fn redacted(&self) -> String {
-        redact_url_password(&self.0)
+        redact_url(&self.0)
     }
 }
 
@@ -158,29 +166,67 @@ impl Serialize for ClientProperties {
     }
 }
 
-pub(super) fn redact_url_password(url: &str) -> String {
-    // postgres://user:password@host/db -> postgres://user:<redacted>@host/db
+/// Whether a URL query parameter named `name` looks like it holds a credential:
+/// `password`, `sslpassword`, `token`, `access_token`, `api_key`, `key`, `sig`,
+/// `signature`, `secret`, `auth`, `credentials`, ... (case-insensitive). It errs on the side
+/// of hiding: `sslkey`, a file path, is hidden too.
+fn is_secret_parameter(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token", "key", "sig", "auth", "cred"].iter().any(|part| name.contains(part))
+}
+
+fn redact_url(url: &str) -> String {
+    // http://user:password@host/path -> http://user:<redacted>@host/path
     let mut shown = url.to_owned();
     if let Some((scheme, rest)) = url.split_once("://") {
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         if let Some(at) = rest[..authority_end].rfind('@') {
             if let Some((user, _)) = rest[..at].split_once(':') {
                 shown = format!("{scheme}://{user}:{REDACTED}{}", &rest[at..]);
             }
         }
     }
-    // ...?password=secret&... -> ...?password=<redacted>&...
-    match shown.split_once('?') {
-        Some((base, query)) => {
-            let params: Vec<String> = query
-                .split('&')
-                .map(|p| match p.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}={REDACTED}"),
-                    _ => p.to_owned(),
-                })
-                .collect();
-            format!("{base}?{}", params.join("&"))
+    // ...?sslmode=require&password=secret#top -> ...?sslmode=require&password=<redacted>#top
+    let (before_fragment, fragment) = match shown.split_once('#') {
+        Some((url, fragment)) => (url, Some(fragment)),
+        None => (shown.as_str(), None),
+    };
+    let Some((base, query)) = before_fragment.split_once('?') else { return shown };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|p| match p.split_once('=') {
+            Some((k, _)) if is_secret_parameter(k) => format!("{k}={REDACTED}"),
+            _ => p.to_owned(),
+        })
+        .collect();
+    let mut redacted = format!("{base}?{}", params.join("&"));
+    if let Some(fragment) = fragment {
+        redacted.push('#');
+        redacted.push_str(fragment);
+    }
+    redacted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_show_everything_but_their_credentials() {
+        for (url, shown) in [
+            ("postgres://postgres@127.0.0.1:5432/tally", "postgres://postgres@127.0.0.1:5432/tally"),
+            ("postgres://app:pw@db/tally?sslmode=require", "postgres://app:<redacted>@db/tally?sslmode=require"),
+            (
+                "postgres://app@db/tally?password=pw&sslmode=require",
+                "postgres://app@db/tally?password=<redacted>&sslmode=require",
+            ),
+            ("http://u:p@ss@h:8080/hook", "http://u:<redacted>@h:8080/hook"),
+            ("http://h/hook?token=t&x=1&API_KEY=k", "http://h/hook?token=<redacted>&x=1&API_KEY=<redacted>"),
+            ("http://h/hook?sig=s#token=t", "http://h/hook?sig=<redacted>#token=t"),
+            ("http://h/hook?flag", "http://h/hook?flag"),
+            ("", ""),
+        ] {
+            assert_eq!(SecretUrl::new(url).redacted(), shown, "{url}");
         }
-        None => shown,
     }
 }

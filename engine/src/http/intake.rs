@@ -305,6 +305,11 @@ pub async fn get_account(
     if !(1..=500).contains(&limit) {
         return Err(ApiError::BadRequest("limit must be between 1 and 500".into()));
     }
+    // An id that breaks the rule was never created (and one with a NUL would make
+    // PostgreSQL refuse the query).
+    if AccountId::parse("id", &id).is_err() {
+        return Err(ApiError::NotFound(format!("account {} does not exist", id.escape_debug())));
+    }
     let mut conn = state.pool.get().await?;
     let account = accounts::find_account(&mut conn, &id)
         .await?

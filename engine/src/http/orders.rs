@@ -6,7 +6,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use tally_actors::orders::{CUSTOMER_ID_MAX, EXTERNAL_REFERENCE_MAX};
 use tally_schema::models::Order;
-use tally_schema::values::{parse_amount, parse_text};
+use tally_schema::values::{check_json_text, parse_amount, parse_text};
 use tally_schema::Currency;
 use uuid::Uuid;
 
@@ -34,7 +34,10 @@ impl CreateOrderBody {
         let currency = Currency::parse("currency", &self.currency)?;
         let lines = match self.lines {
             None | Some(serde_json::Value::Null) => None,
-            Some(lines @ serde_json::Value::Array(_)) => Some(lines),
+            Some(lines @ serde_json::Value::Array(_)) => {
+                check_json_text("lines", &lines)?;
+                Some(lines)
+            }
             Some(_) => return Err(ApiError::Validation("lines must be a JSON array when given".into())),
         };
         Ok(OrderRequest { external_reference, customer_id, amount_cents, currency: currency.to_string(), lines })
@@ -125,6 +128,7 @@ mod tests {
         assert_eq!(body(null_lines).unwrap().lines, None);
         for (field, bad) in [
             ("lines", serde_json::json!({"sku": "A"})),
+            ("lines", serde_json::json!([{"sku": "A\u{0}"}])),
             ("externalReference", serde_json::json!("")),
             ("externalReference", serde_json::json!("x".repeat(129))),
             ("customerId", serde_json::json!("c".repeat(65))),

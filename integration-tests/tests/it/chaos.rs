@@ -439,7 +439,7 @@ async fn run(seed: u64, profile: &Profile) -> Run {
     })
     .await;
     let mut config = tally_engine::Config::default();
-    config.notifications.webhook_url.clone_from(&receiver.url);
+    config.notifications.webhook_url = tally_engine::config::SecretUrl::new(receiver.url.clone());
     for spec in tally_engine::kafka::topic_specs(&config) {
         env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
     }

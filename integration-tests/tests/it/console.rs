@@ -20,7 +20,7 @@ const POISON: &str = r#"{not json <img src="x" onerror="document.title='injected
 async fn daemon_with_a_settled_transfer(receiver: &WebhookReceiver) -> (TestEnv, TestApp, uuid::Uuid) {
     let url = receiver.url.clone();
     let (env, app) = spawn_app(move |c| {
-        c.notifications.webhook_url = url;
+        c.notifications.webhook_url = tally_engine::config::SecretUrl::new(url);
         c.notifications.webhook_secret = tally_engine::config::Secret::new("s3cret");
         c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
     })

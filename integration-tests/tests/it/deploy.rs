@@ -58,7 +58,7 @@ async fn every_metric_the_dashboard_and_the_alerts_use_is_exposed() {
     let receiver = WebhookReceiver::start(|_, n| if n < 2 { 500 } else { 200 }).await;
     let url = receiver.url.clone();
     let (env, app) = spawn_app(move |c| {
-        c.notifications.webhook_url = url;
+        c.notifications.webhook_url = tally_engine::config::SecretUrl::new(url);
         c.notifications.webhook_secret = tally_engine::config::Secret::new("s3cret");
         c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
         // The daemon's own ledger check publishes tally_ledger_invariant_ok.

@@ -121,10 +121,11 @@ async fn secrets_appear_in_no_output_log_or_admin_response() {
     let (admin, intake) = (free_addr(), free_addr());
     let token = format!("{MARKER}-token");
     let secret = format!("{MARKER}-webhook");
+    let hook = format!("http://hook-user:{MARKER}-hook-password@127.0.0.1:9/hook?token={MARKER}-hook-token&x=1");
     let envs = [
         ("TALLY__DATABASE__URL", url.as_str()),
         ("TALLY__HTTP__ADMIN_TOKEN", token.as_str()),
-        ("TALLY__NOTIFICATIONS__WEBHOOK_URL", "http://127.0.0.1:9/hook"),
+        ("TALLY__NOTIFICATIONS__WEBHOOK_URL", hook.as_str()),
         ("TALLY__NOTIFICATIONS__WEBHOOK_SECRET", secret.as_str()),
         ("TALLY__HTTP__ADMIN_ADDR", admin.as_str()),
         ("TALLY__HTTP__INTAKE_ADDR", intake.as_str()),
@@ -137,7 +138,8 @@ async fn secrets_appear_in_no_output_log_or_admin_response() {
         Command::new(tally_binary()).args(["--config", &file_arg, "config"]).envs(envs).output().expect("tally config");
     let stdout = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.status.success(), "tally config: {stdout} {}", String::from_utf8_lossy(&shown.stderr));
-    assert!(stdout.contains("webhook_url = \"http://127.0.0.1:9/hook\""), "{stdout}");
+    let shown_hook = "webhook_url = \"http://hook-user:<redacted>@127.0.0.1:9/hook?token=<redacted>&x=1\"";
+    assert!(stdout.contains(shown_hook), "{stdout}");
     assert!(stdout.contains("<redacted>"), "{stdout}");
     assert!(!stdout.contains(MARKER), "tally config prints a secret:\n{stdout}");
 

@@ -23,7 +23,7 @@ const TOKEN: &str = "admin-t0ken-for-tests";
 
 fn notify_config(url: &str) -> impl FnOnce(&mut tally_engine::Config) + '_ {
     move |c: &mut tally_engine::Config| {
-        c.notifications.webhook_url = url.to_owned();
+        c.notifications.webhook_url = tally_engine::config::SecretUrl::new(url);
         c.notifications.webhook_secret = tally_engine::config::Secret::new(SECRET);
         c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
     }
@@ -216,6 +216,36 @@ async fn a_settled_transfer_produces_one_signed_post() {
     assert_eq!(
         body["eventId"],
         json!(tally_schema::derived_event_id("settled", serde_json::from_value(transfer["id"].clone()).expect("uuid")))
+    );
+    assert_signed(&calls[0]);
+}
+
+/// A webhook URL with credentials (`user:password@`, a `?token=`) is called with them,
+/// while `tally config` shows it redacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_url_with_credentials_is_called_with_them() {
+    let receiver = WebhookReceiver::start(|_, _| 200).await;
+    let authority = receiver.url.trim_start_matches("http://").trim_end_matches("/hook");
+    let url = format!("http://hook-user:hook-pa55word@{authority}/hook?token=hook-t0ken&x=1");
+    let (env, app) = spawn_app(notify_config(&url)).await;
+    assert!(!app.config.to_redacted_toml().contains("hook-pa55word"), "the configuration shows the password");
+    let (event, _) = settled(&producer(env.bootstrap()), "N-CRED").await;
+    let calls = wait_until("the notification", Deadline::DEFAULT, || async {
+        let calls = receiver.calls();
+        if calls.is_empty() {
+            Err("no call".to_owned())
+        } else {
+            Ok(calls)
+        }
+    })
+    .await;
+    assert_eq!(event_id(&calls[0]), event["eventId"].as_str().expect("id"));
+    assert_eq!(calls[0].request, "POST /hook?token=hook-t0ken&x=1", "the path and query as configured");
+    // Basic base64("hook-user:hook-pa55word"): the userinfo goes as HTTP basic auth.
+    assert_eq!(
+        calls[0].headers.get("authorization").map(String::as_str),
+        Some("Basic aG9vay11c2VyOmhvb2stcGE1NXdvcmQ="),
+        "the credentials of the userinfo"
     );
     assert_signed(&calls[0]);
 }
@@ -413,4 +443,113 @@ async fn after_the_receiver_is_fixed_replay_delivers_dead_lettered_events_exactl
     ids.sort();
     assert_eq!(seen, ids);
     assert_eq!(env.db.count("notification_deliveries").await, 2);
+}
+
+/// A TransferSettled record of `transfers.settled`, as the notifier gets it from its
+/// consumer.
+fn settled_record(offset: i64) -> std::sync::Arc<tally_actors::consume::Record> {
+    let event = json!({ "eventId": Uuid::new_v4(), "transferId": Uuid::new_v4(), "settledAt": "2026-11-30T00:00:00Z" });
+    std::sync::Arc::new(tally_actors::consume::Record {
+        topic: "transfers.settled".into(),
+        partition: 0,
+        offset,
+        key: Some(b"N-LEASE".to_vec()),
+        payload: Some(event.to_string().into_bytes()),
+        headers: vec![("event-type".into(), Some(b"TransferSettled".to_vec()))],
+        ..Default::default()
+    })
+}
+
+/// A notifier on `db` and the broker at `bootstrap`, delivering to `url` with one retry
+/// topic (`transfers.settled-retry-1000`), started on the current actix system.
+fn start_notifier(db: &tally_integration_tests::TestDb, bootstrap: &str, url: &str) -> tally_actors::notify::Notifier {
+    use tally_actors::store::{build_pool, PoolSettings};
+    let pool = build_pool(&PoolSettings {
+        url: db.url().to_owned(),
+        max_size: 3,
+        statement_timeout: Duration::from_secs(30),
+        connect_timeout: Duration::from_secs(5),
+        application_name: "notifier-under-test".into(),
+    })
+    .expect("pool");
+    let metrics = tally_actors::Metrics::new().expect("metrics");
+    let producer = tally_integration_tests::producer(bootstrap);
+    let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dead_letters = tally_actors::supervise::DeadLetters::new(
+        producer.clone(),
+        "tally-notifications".into(),
+        metrics.clone(),
+        stopping,
+        pool.clone(),
+    );
+    let settings = tally_actors::notify::NotifierSettings {
+        webhook_url: url.to_owned(),
+        secret: SECRET.to_owned(),
+        timeout: Duration::from_secs(5),
+        delays_ms: vec![1_000],
+        database_wait: Duration::from_secs(5),
+    };
+    tally_actors::notify::Notifier::new(pool, producer, dead_letters, metrics, settings).expect("notifier")
+}
+
+/// After its partition is revoked nothing more happens for a record on this instance: a
+/// notification whose lease is revoked while it waits for its delivery lookup (held on a
+/// table lock) POSTs nothing, and one whose lease is revoked while its POST is answered
+/// writes no retry record. (The supervisor checks the lease before each attempt; these
+/// are the checks inside one.)
+#[test]
+fn a_revoked_lease_prevents_the_webhook_post_and_the_retry_write() {
+    use tally_actors::consume::Lease;
+    use tally_actors::supervise::RecordHandler;
+    const RETRY: &str = "transfers.settled-retry-1000";
+    actix::System::new().block_on(async {
+        let env = TestEnv::new().await;
+        env.broker.create_topic(RETRY, 1, 1).expect("retry topic");
+
+        // 1. Revoked while the record waits for its lookup: no POST.
+        let receiver = WebhookReceiver::start(|_, _| 200).await;
+        let notifier = start_notifier(&env.db, env.bootstrap(), &receiver.url);
+        let locker = env.db.connect().await;
+        locker.batch_execute("BEGIN; LOCK TABLE notification_deliveries IN ACCESS EXCLUSIVE MODE").await.expect("lock");
+        let lease = Lease::new();
+        let handling = tokio::spawn(lease.clone().scope(notifier.handle(settled_record(0))));
+        wait_until("the delivery lookup waits on the lock", Deadline::DEFAULT, || async {
+            let waiting = env
+                .db
+                .scalar_i64(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE wait_event_type = 'Lock' AND application_name = 'notifier-under-test'",
+                    &[],
+                )
+                .await;
+            if waiting > 0 {
+                Ok(())
+            } else {
+                Err("no lookup waits yet".to_owned())
+            }
+        })
+        .await;
+        lease.revoke();
+        locker.batch_execute("COMMIT").await.expect("unlock");
+        let outcome = handling.await.expect("handler task");
+        assert!(receiver.calls().is_empty(), "the webhook got a POST after the lease was revoked: {outcome:?}");
+        let error = outcome.expect_err("no outcome under a revoked lease");
+        assert!(error.message.contains("revoked"), "stopped by the lease check: {error}");
+
+        // 2. Revoked while the POST is answered (500): no retry record.
+        let lease = Lease::new();
+        let revoke = lease.clone();
+        let receiver = WebhookReceiver::start(move |_, _| {
+            revoke.revoke();
+            500
+        })
+        .await;
+        let notifier = start_notifier(&env.db, env.bootstrap(), &receiver.url);
+        let outcome = lease.scope(notifier.handle(settled_record(1))).await;
+        assert_eq!(receiver.calls().len(), 1, "the POST was made under the live lease: {outcome:?}");
+        let written = read_topic(env.bootstrap(), RETRY, Deadline::secs(10)).await.expect("read the retry topic");
+        assert!(written.is_empty(), "a retry record was written after the lease was revoked: {outcome:?}");
+        let error = outcome.expect_err("no outcome under a revoked lease");
+        assert!(error.message.contains("revoked"), "stopped by the lease check: {error}");
+    });
 }

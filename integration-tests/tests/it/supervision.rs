@@ -39,7 +39,7 @@ fn consumed_topics(config: &tally_engine::Config) -> Vec<(String, usize)> {
 async fn hostile_records_on_every_consumed_topic_are_dead_lettered_and_every_stage_goes_on() {
     let receiver = WebhookReceiver::start(|_, _| 200).await;
     let (env, app) = spawn_app(|c| {
-        c.notifications.webhook_url = receiver.url.clone();
+        c.notifications.webhook_url = tally_engine::config::SecretUrl::new(receiver.url.clone());
         c.notifications.webhook_secret = tally_engine::config::Secret::new("s3cret");
     })
     .await;

@@ -105,7 +105,7 @@ struct Child_ {
 async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver) -> Child_ {
     // The child does not create topics (the mock has no Admin API): the harness does.
     let mut config = tally_engine::Config::default();
-    config.notifications.webhook_url.clone_from(&webhook.url);
+    config.notifications.webhook_url = tally_engine::config::SecretUrl::new(webhook.url.clone());
     for spec in tally_engine::kafka::topic_specs(&config) {
         env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
     }

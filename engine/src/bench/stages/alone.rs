@@ -19,7 +19,7 @@ use crate::bench::{
     account, connect, daemon_config, fresh_database, histogram_quantile, http_get, ledger, outbox, pair, produce_all,
     quantile, wait_for_zero, Outgoing, ACCOUNT_ID_SQL,
 };
-use crate::config::{Config, Secret};
+use crate::config::{Config, Secret, SecretUrl};
 
 pub(super) fn alone(
     base: &Config,
@@ -197,7 +197,7 @@ fn projection(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> 
 fn notifications(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StageReport> {
     let mut bed = bed(base, args, runtime, Stage::Notifications)?;
     let receiver = Receiver::start()?;
-    bed.config.notifications.webhook_url = receiver.url.clone();
+    bed.config.notifications.webhook_url = SecretUrl::new(receiver.url.clone());
     bed.config.notifications.webhook_secret = Secret::new("bench");
     let topic = bed.config.kafka.topics.transfers_settled.clone();
     runtime.block_on(produce_all(&bed.cluster.bootstrap(), args.records, |i| {
