@@ -28,4 +28,7 @@ pub mod store;
 pub mod supervise;
 pub mod trace;
 
+#[cfg(test)]
+mod decode_tests;
+
 pub use metrics::Metrics;

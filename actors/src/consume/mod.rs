@@ -56,7 +56,9 @@ pub(crate) use control::{Control, DriverThread};
 pub use lease::Lease;
 pub use offsets::{window_admits, OffsetTracker};
 pub use partition::{Drain, PartitionBook, PartitionConsumer, PartitionShared, Release};
-pub use record::{Origin, Record, MAX_HEADERS};
+#[cfg(test)]
+pub(crate) use record::decode_headers;
+pub use record::{Header, Origin, Record, MAX_HEADERS};
 pub use spec::PipelineSpec;
 pub(crate) use status::{publish_lag, record_stats};
 pub use status::{PartitionStatus, PipelineStatus};

@@ -116,7 +116,7 @@ impl Record {
 /// The headers of a record as tally keeps them, and the first defect found: `count`
 /// headers in all, of which `raw` are the first (at most [`MAX_HEADERS`]). Names that are
 /// not UTF-8 are decoded lossily.
-pub(super) fn decode_headers(raw: &[RawHeader<'_>], count: usize) -> (Vec<Header>, Option<String>) {
+pub(crate) fn decode_headers(raw: &[RawHeader<'_>], count: usize) -> (Vec<Header>, Option<String>) {
     let mut defect = (count > MAX_HEADERS).then(|| format!("{count} headers, more than the {MAX_HEADERS} allowed"));
     let headers = raw
         .iter()
