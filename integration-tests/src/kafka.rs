@@ -22,11 +22,10 @@ pub struct KafkaRecord {
 
 impl KafkaRecord {
     /// An owned copy of a consumed message, whatever it carries (tally's own total
-    /// decoding: header names that are not UTF-8 are kept lossily, at most
-    /// `tally_actors::consume::MAX_HEADERS` headers).
+    /// decoding: header names that are not UTF-8 are kept lossily).
     #[must_use]
     pub fn from_message(m: &rdkafka::message::BorrowedMessage<'_>) -> Self {
-        let headers = tally_actors::consume::Record::from_message(m).headers;
+        let headers = tally_actors::consume::Record::all_headers(m);
         Self {
             topic: m.topic().to_owned(),
             partition: m.partition(),

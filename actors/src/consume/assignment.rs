@@ -67,6 +67,9 @@ pub(super) struct DriverState {
     pub(super) crashes: CrashBook,
     /// The driver's restarts after a panic.
     pub(super) restarts: Arc<Restarts>,
+    /// Why the stage must restart though nothing panicked on its thread (a partition
+    /// consumer actor stopped).
+    pub(super) lost: Mutex<Option<String>>,
 }
 
 impl DriverState {

@@ -24,7 +24,7 @@ pub(super) fn drive(
     consumer: &BaseConsumer<DriverContext>,
     shared: &Arc<DriverState>,
     control: &std::sync::mpsc::Receiver<Control>,
-) {
+) -> Result<(), String> {
     let name = shared.spec.name.clone();
     let mut paused_all = false;
     let mut last_gauges = Instant::now();
@@ -39,7 +39,7 @@ pub(super) fn drive(
                     shared.revoke(consumer, &all);
                     consumer.unsubscribe();
                     let _ = done.send(());
-                    return;
+                    return Ok(());
                 }
                 Control::Pause(applied) => {
                     if let Ok(tpl) = consumer.assignment() {
@@ -98,6 +98,10 @@ pub(super) fn drive(
         }
         if !paused_all && !shared.degraded_pause.load(Ordering::Relaxed) {
             flush_stashes(consumer, shared);
+        }
+        if let Some(lost) = shared.lost.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            // An actor of this stage is gone: restart the stage from the committed offsets.
+            return Err(lost);
         }
         store_watermarks(consumer, shared);
         if last_gauges.elapsed() >= Duration::from_millis(500) {
@@ -191,7 +195,7 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, record: A
             slot.stash.push_back(record);
             hold(consumer, shared, slot, &tp);
         }
-        Err(mpsc::error::TrySendError::Closed(_)) => {}
+        Err(mpsc::error::TrySendError::Closed(_)) => lost(shared, &tp),
     }
 }
 
@@ -230,7 +234,11 @@ fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
                     slot.stash.push_front(record);
                     break;
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => slot.stash.clear(),
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    slot.stash.clear();
+                    lost(shared, &(topic.clone(), *partition));
+                    break;
+                }
             }
         }
         if slot.stash.is_empty() && slot.paused {
@@ -240,6 +248,13 @@ fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
             }
         }
     }
+}
+
+/// The partition consumer of `tp` stopped while the partition is still ours (its actor
+/// died): what it had is uncommitted, and the stage must restart to read it again.
+fn lost(shared: &DriverState, tp: &TopicPartition) {
+    let reason = format!("the partition consumer of {}/{} stopped", tp.0, tp.1);
+    shared.lost.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(reason);
 }
 
 /// A record at `offset` went to its worker.

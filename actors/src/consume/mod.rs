@@ -118,6 +118,7 @@ impl Pipeline {
             degraded_pause: AtomicBool::new(false),
             crashes: CrashBook::default(),
             restarts: Arc::default(),
+            lost: Mutex::default(),
         });
         publish_initial_health(&shared);
         let consumer = subscribe(&shared)?;

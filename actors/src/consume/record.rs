@@ -41,6 +41,15 @@ impl Record {
         Self { headers, defect, ..Self::bare(m) }
     }
 
+    /// Every header of `m`, however many, names decoded lossily: for readers that show or
+    /// replay records rather than handle them (a dead letter carries the original's
+    /// headers, then its own `dlt-*` ones).
+    #[must_use]
+    pub fn all_headers(m: &BorrowedMessage<'_>) -> Vec<Header> {
+        let (raw, count) = raw_headers::read(m, usize::MAX);
+        decode_headers(&raw, count).0
+    }
+
     /// `m` without its headers: what can be read of any record without interpreting it.
     #[must_use]
     pub fn bare(m: &BorrowedMessage<'_>) -> Self {

@@ -52,11 +52,16 @@ pub(super) fn supervised(first: BaseConsumer<DriverContext>, shared: &Arc<Driver
         };
         failures = 0;
         shared.restarts.started();
-        let Err(panic) = catch_unwind(AssertUnwindSafe(|| drive(&consumer, shared, control))) else {
-            return;
+        let (cause, record) = match catch_unwind(AssertUnwindSafe(|| drive(&consumer, shared, control))) {
+            Ok(Ok(())) => return,
+            // Not a record's fault: nothing was in hand.
+            Ok(Err(reason)) => (reason, None),
+            Err(panic) => {
+                let cause = panic_message(&*panic);
+                let record = shared.crashes.crashed(&cause);
+                (cause, record)
+            }
         };
-        let cause = panic_message(&*panic);
-        let record = shared.crashes.crashed(&cause);
         shared.metrics.stage_restarts_total.with_label_values(&[&name]).inc();
         let wait = shared.restarts.crashed(&cause);
         error!(pipeline = %name, cause, record = ?record, wait_ms = wait.as_millis() as u64,
