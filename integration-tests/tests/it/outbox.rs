@@ -93,6 +93,13 @@ async fn a_refused_row_is_parked_its_key_waits_and_the_rest_of_its_shard_is_publ
         })
         .await;
 
+    // Published at 0 from the start, so that an alert on their increase sees the first one.
+    let metrics = app.metrics().await;
+    assert_eq!(metric_value(&metrics, "tally_outbox_parked_rows"), Some(0.0), "{metrics}");
+    let first = format!(r#"tally_outbox_refused_total{{reason="topic_authorization_failed",topic="{OPEN}"}}"#);
+    assert_eq!(metric_value(&metrics, &first), Some(0.0), "{metrics}");
+    assert!(metrics.contains("# HELP tally_outbox_refused_total "), "help text");
+
     let open_key = "acct-open";
     let parked_key = key_in_the_shard_of(&env.db, open_key).await;
     let ids = write_rows(
