@@ -169,6 +169,7 @@ mod tests {
             attempts: 0,
             parked: false,
             behind_parked: false,
+            any_parked: false,
         }
     }
 

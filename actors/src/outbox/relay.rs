@@ -126,11 +126,14 @@ impl OutboxRelay {
                     if shards.is_empty() {
                         return Ok(BatchOutcome::default());
                     }
-                    let (behind, mut rows): (Vec<_>, Vec<_>) = outbox::claim_pending(conn, &shards, self.batch_size)
-                        .await?
-                        .into_iter()
-                        .partition(|r| r.behind_parked);
-                    rows.extend(outbox_parked::claim_due(conn, &shards, self.batch_size).await?);
+                    let claimed = outbox::claim_pending(conn, &shards, self.batch_size).await?;
+                    // A claim that found rows says whether any row is parked: if none, none
+                    // is due, and the statement is spared.
+                    let any_parked = claimed.first().is_none_or(|r| r.any_parked);
+                    let (behind, mut rows): (Vec<_>, Vec<_>) = claimed.into_iter().partition(|r| r.behind_parked);
+                    if any_parked {
+                        rows.extend(outbox_parked::claim_due(conn, &shards, self.batch_size).await?);
+                    }
                     rows.sort_by_key(|r| r.event.seq);
                     let behind: Vec<uuid::Uuid> = behind.iter().map(|r| r.event.id).collect();
                     outbox_parked::hold(conn, &behind).await?;

@@ -114,8 +114,9 @@ pub async fn lock_free_shards(conn: &mut AsyncPgConnection, reach: Reach) -> Res
 }
 
 /// A row a claim took: the event, how often the broker refused it already, whether it is a
-/// parked row taken for its retry, and whether it waits behind a parked row of its topic
-/// and key (then the publisher holds it instead of producing it).
+/// parked row taken for its retry, whether it waits behind a parked row of its topic and
+/// key (then the publisher holds it instead of producing it), and whether any row was
+/// parked at all when it was claimed (if none, no parked row can be due either).
 #[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
 pub struct ClaimedOutboxEvent {
     #[diesel(embed)]
@@ -126,6 +127,8 @@ pub struct ClaimedOutboxEvent {
     pub parked: bool,
     #[diesel(sql_type = Bool)]
     pub behind_parked: bool,
+    #[diesel(sql_type = Bool)]
+    pub any_parked: bool,
 }
 
 /// Claims up to `limit` publishable rows of `shards` in `seq` order (`FOR UPDATE SKIP
@@ -161,7 +164,9 @@ pub async fn claim_pending(
                                 WHERE a.published_at IS NULL AND a.parked_at IS NOT NULL)) \
                 AND EXISTS (SELECT 1 FROM outbox_events AS p \
                             WHERE p.published_at IS NULL AND p.parked_at IS NOT NULL \
-                              AND p.key = o.key AND p.topic = o.topic) AS behind_parked \
+                              AND p.key = o.key AND p.topic = o.topic) AS behind_parked, \
+                (SELECT EXISTS (SELECT 1 FROM outbox_events AS a \
+                                WHERE a.published_at IS NULL AND a.parked_at IS NOT NULL)) AS any_parked \
          FROM outbox_events AS o \
          WHERE o.published_at IS NULL AND o.parked_at IS NULL AND NOT o.held AND o.shard = ANY($1) \
          ORDER BY o.seq LIMIT $2 FOR UPDATE OF o SKIP LOCKED",

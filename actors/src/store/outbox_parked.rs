@@ -27,7 +27,7 @@ pub async fn claim_due(
 ) -> Result<Vec<ClaimedOutboxEvent>, diesel::result::Error> {
     diesel::sql_query(
         "SELECT id, seq, topic, key, event_type, payload, traceparent, created_at, attempts, \
-                true AS parked, false AS behind_parked \
+                true AS parked, false AS behind_parked, true AS any_parked \
          FROM outbox_events \
          WHERE published_at IS NULL AND parked_at IS NOT NULL AND retry_at <= now() AND shard = ANY($1) \
          ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED",
