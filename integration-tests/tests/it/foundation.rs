@@ -449,6 +449,8 @@ async fn broker_outage_marks_nothing_published_and_everything_is_published_after
     .await;
     let published = env.db.scalar_i64("SELECT count(*) FROM outbox_events WHERE published_at IS NOT NULL", &[]).await;
     assert_eq!(published, 0, "rows marked published while no broker was up");
+    let parked = env.db.scalar_i64("SELECT count(*) FROM outbox_events WHERE parked_at IS NOT NULL OR held", &[]).await;
+    assert_eq!(parked, 0, "a broker outage is no refusal: nothing parked or held");
     assert_eq!(env.db.pending_outbox().await, 5);
     assert_eq!(metric_value(&app.metrics().await, "tally_outbox_pending"), Some(5.0));
 
