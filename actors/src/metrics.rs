@@ -91,6 +91,11 @@ metrics! {
     outbox_oldest_pending_age_seconds: Gauge = "Age of the oldest unpublished outbox row, in seconds (0 when none).";
     outbox_pending_by_topic: GaugeVec = "Outbox rows not yet published, per topic.", labels ["topic"];
     outbox_published_total: IntCounter = "Outbox rows published to Kafka and marked published.";
+    outbox_parked_rows: IntGauge = "Outbox rows the broker refused for good (too large, topic not authorised or unknown), kept \
+                     unpublished and tried again on a slow backoff; GET /admin/outbox lists them.";
+    outbox_held_rows: IntGauge = "Outbox rows waiting behind a parked row of their topic and key.";
+    outbox_refused_total: IntCounterVec = "Outbox records the broker refused for good, each attempt counted, by topic and reason \
+                     (message_too_large, topic_authorization_failed, unknown_topic, invalid_record).", labels ["topic", "reason"];
     outbox_publish_failures_total: IntCounter = "Outbox batches that failed and were rolled back for a later retry.";
     outbox_batch_seconds: Histogram = "Time to claim, publish and mark one outbox batch.", buckets LATENCY_BUCKETS;
     outbox_commit_to_ack_seconds: Histogram = "Time from an outbox row's creation to the broker's acknowledgement of its record.", buckets LATENCY_BUCKETS;

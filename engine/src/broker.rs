@@ -229,6 +229,20 @@ impl EmbeddedBroker {
         Ok(())
     }
 
+    /// Makes the metadata of `topic` carry `error` (e.g. `TOPIC_AUTHORIZATION_FAILED`, which
+    /// a producer takes as a refusal of every record for that topic) until it is set back
+    /// to `RD_KAFKA_RESP_ERR_NO_ERROR`. Records already appended stay.
+    ///
+    /// # Errors
+    /// When the topic name contains NUL.
+    pub fn set_topic_error(&self, topic: &str, error: RDKafkaRespErr) -> anyhow::Result<()> {
+        let name = CString::new(topic).context("topic name contains NUL")?;
+        // SAFETY: live cluster; NUL-terminated name that outlives the call (the mock looks
+        // the topic up during the call and keeps no pointer to it).
+        unsafe { rdsys::rd_kafka_mock_topic_set_error(self.cluster.as_ptr(), name.as_ptr(), error) }
+        Ok(())
+    }
+
     /// Drops injected errors for `api_key` that were not consumed yet.
     pub fn clear_request_errors(&self, api_key: i16) {
         // SAFETY: live cluster.

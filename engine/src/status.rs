@@ -138,11 +138,20 @@ pub fn render(s: &Snapshot) -> String {
         }
     }
     if s.outbox.get("unavailable").is_none() {
+        let parked = count(&s.outbox["parked"]);
         let _ = writeln!(
             out,
-            "outbox: {} pending, oldest {:.1} s",
+            "outbox: {} pending, oldest {:.1} s{}",
             count(&s.outbox["pending"]),
-            s.outbox["oldestAgeSeconds"].as_f64().unwrap_or(0.0)
+            s.outbox["oldestAgeSeconds"].as_f64().unwrap_or(0.0),
+            if parked > 0 {
+                format!(
+                    "; {parked} parked (refused by the broker, GET /admin/outbox), {} held behind them",
+                    count(&s.outbox["held"])
+                )
+            } else {
+                String::new()
+            }
         );
     }
     let topics: Vec<String> = s.dlt["topics"]
@@ -206,10 +215,25 @@ mod tests {
         assert_eq!(ledger.split_whitespace().collect::<Vec<_>>(), ["ledger", "running", "2", "5", "3", "1", "3"]);
         assert!(text.contains("antifraud                paused"), "{text}");
         assert!(text.contains("DEGRADED") && text.contains("waiting for: connection refused"), "{text}");
-        assert!(text.contains("outbox: 7 pending, oldest 1.2 s") || text.contains("outbox: 7 pending, oldest 1.3 s"));
+        assert!(
+            text.contains("outbox: 7 pending, oldest 1.2 s\n") || text.contains("outbox: 7 pending, oldest 1.3 s\n")
+        );
         assert!(text.contains("dead letters: 2 in topics (transfers.analyzed-dlt 2); 1 in the dead_letters table"));
         assert!(text.contains("ledger check: ok (1 invariants hold)"), "{text}");
         assert!(!snapshot().healthy(), "a degraded pipeline is not healthy");
+    }
+
+    #[test]
+    fn parked_outbox_rows_are_named() {
+        let mut s = snapshot();
+        s.outbox = json!({ "pending": 9, "oldestAgeSeconds": 30.0, "parked": 2, "held": 5 });
+        let text = render(&s);
+        assert!(
+            text.contains(
+                "outbox: 9 pending, oldest 30.0 s; 2 parked (refused by the broker, GET /admin/outbox), 5 held behind them\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -105,6 +105,13 @@ diesel::table! {
         shard -> Int4,
         created_at -> Timestamptz,
         published_at -> Nullable<Timestamptz>,
+        attempts -> Int4,
+        parked_at -> Nullable<Timestamptz>,
+        #[max_length = 40]
+        park_reason -> Nullable<Varchar>,
+        park_error -> Nullable<Text>,
+        retry_at -> Nullable<Timestamptz>,
+        held -> Bool,
     }
 }
 

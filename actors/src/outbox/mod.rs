@@ -1,9 +1,12 @@
 //! The `OutboxPublisher` actor: a mailbox shell around [`OutboxRelay`]. It publishes
 //! batches while rows are pending, then sleeps until PostgreSQL notifies a commit
 //! (LISTEN/NOTIFY) or the poll interval passes; on failure it backs off exponentially and
-//! marks nothing. It also deletes published rows after the retention period.
+//! marks nothing. A row the broker refuses for good is parked instead ([`refusal`]). It
+//! also deletes published rows after the retention period.
 
+mod backlog;
 mod listen;
+pub mod refusal;
 mod relay;
 
 use std::sync::Arc;
@@ -19,8 +22,11 @@ use crate::backoff::Backoff;
 use crate::store::outbox::Reach;
 
 pub use crate::store::outbox::{PendingStats, SHARDS};
-pub use listen::spawn_listener;
-pub use relay::{pending_by_topic, refresh_gauges, OutboxError, OutboxRelay};
+pub use crate::store::outbox_parked::ParkedRow;
+pub use backlog::{parked_rows, pending_by_topic, refresh_gauges, retry_parked};
+pub use listen::{spawn_listener, CHANNEL};
+pub use refusal::Refusal;
+pub use relay::{BatchOutcome, OutboxError, OutboxRelay};
 
 /// How the publisher loop paces itself.
 #[derive(Debug, Clone)]
@@ -143,10 +149,10 @@ async fn publish_loop(
     while !*stop.borrow() {
         let rings = wake.rings();
         let pause = match relay.publish_batch(reach).await {
-            Ok(n) => {
+            Ok(batch) => {
                 waits.reset();
                 let rang = wake.rings() != rings;
-                let (next, pause) = next_claim(reach, n, settings.claim_until_empty, rang);
+                let (next, pause) = next_claim(reach, batch.moved(), settings.claim_until_empty, rang);
                 reach = next;
                 pause.then_some(settings.poll_interval)
             }
@@ -196,9 +202,9 @@ impl Doorbell {
     }
 }
 
-/// After a claim of `reach` that published `published` rows, during which the bell rang
-/// (`rang`) or not: the reach of the next claim, and whether to wait for a ring (or the
-/// poll interval) before it. Publishing one batch per poll (`claim_until_empty` off)
+/// After a claim of `reach` that moved `published` rows (published, parked or held), during
+/// which the bell rang (`rang`) or not: the reach of the next claim, and whether to wait for
+/// a ring (or the poll interval) before it. Publishing one batch per poll (`claim_until_empty` off)
 /// sweeps every free shard each time.
 fn next_claim(reach: Reach, published: usize, claim_until_empty: bool, rang: bool) -> (Reach, bool) {
     if !claim_until_empty {

@@ -1,9 +1,11 @@
 //! The outbox relay logic, without the actor: claim pending rows, produce
-//! them, mark them published only after the broker acknowledged every record.
+//! them, mark them published only after the broker acknowledged every record, and park
+//! the rows the broker refuses for good ([`super::refusal`]).
 //!
 //! Per-key order with several publishers: see [`crate::store::outbox`], which holds the
 //! statements.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -16,10 +18,13 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use tally_schema::headers;
 use tally_schema::models::PendingOutboxEvent;
 use tracing::field::Empty;
+use tracing::warn;
 
+use super::refusal::{settle, Outcome, Refusal};
+use crate::backoff::Backoff;
 use crate::metrics::Metrics;
-use crate::store::outbox::{self, PendingStats, Reach};
-use crate::store::PgPool;
+use crate::store::outbox::{self, ClaimedOutboxEvent, Reach};
+use crate::store::{outbox_parked, PgPool};
 use crate::trace;
 
 #[derive(Debug, thiserror::Error)]
@@ -51,18 +56,43 @@ impl OutboxError {
     }
 }
 
+/// What one batch did: rows published, parked (refused by the broker, again or for the
+/// first time) and held (behind a parked row of their topic and key).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    pub published: usize,
+    pub parked: usize,
+    pub held: usize,
+}
+
+impl BatchOutcome {
+    /// Rows that changed state: while a batch moves some, the loop claims again at once.
+    #[must_use]
+    pub fn moved(&self) -> usize {
+        self.published + self.parked + self.held
+    }
+}
+
 /// Claims, publishes and marks outbox rows.
 pub struct OutboxRelay {
     pool: PgPool,
     producer: FutureProducer,
     metrics: Metrics,
     batch_size: i64,
+    parked_retry: Backoff,
 }
 
 impl OutboxRelay {
+    /// `parked_retry` is the curve of waits between the attempts of a parked row.
     #[must_use]
-    pub fn new(pool: PgPool, producer: FutureProducer, metrics: Metrics, batch_size: i64) -> Self {
-        Self { pool, producer, metrics, batch_size }
+    pub fn new(
+        pool: PgPool,
+        producer: FutureProducer,
+        metrics: Metrics,
+        batch_size: i64,
+        parked_retry: Backoff,
+    ) -> Self {
+        Self { pool, producer, metrics, batch_size, parked_retry }
     }
 
     #[must_use]
@@ -74,58 +104,99 @@ impl OutboxRelay {
         &self.producer
     }
 
-    /// Publishes one batch: locks free shards (as many as `reach` says), claims up to `batch_size` pending rows
-    /// of those shards in `seq` order (`FOR UPDATE SKIP LOCKED`), produces them, waits for
-    /// every acknowledgement, then sets `published_at`, all in one database transaction. On
-    /// any failure nothing is marked and the transaction rolls back. Returns the number of
-    /// rows published.
+    /// Publishes one batch: locks free shards (as many as `reach` says), claims up to
+    /// `batch_size` publishable rows of those shards in `seq` order (`FOR UPDATE SKIP
+    /// LOCKED`) and the parked rows due for another attempt, produces them, waits for every
+    /// answer, then sets `published_at` on the acknowledged rows, parks the refused ones
+    /// and holds the rows behind them, all in one database transaction. A row found behind
+    /// a parked row of its topic and key is held without being produced. On any other
+    /// failure nothing is marked and the transaction rolls back.
     ///
     /// # Errors
     /// [`OutboxError`] when the database or the broker fails; the rows stay pending.
-    pub async fn publish_batch(&self, reach: Reach) -> Result<usize, OutboxError> {
+    pub async fn publish_batch(&self, reach: Reach) -> Result<BatchOutcome, OutboxError> {
         let started = Instant::now();
         let mut conn = self.pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
+        let mut refused: Vec<(String, Refusal)> = Vec::new();
         let result = conn
-            .transaction::<usize, OutboxError, _>(|conn| {
+            .transaction::<BatchOutcome, OutboxError, _>(|conn| {
+                let refused = &mut refused;
                 async move {
                     let shards = outbox::lock_free_shards(conn, reach).await?;
                     if shards.is_empty() {
-                        return Ok(0);
+                        return Ok(BatchOutcome::default());
                     }
-                    let mut rows = outbox::claim_pending(conn, &shards, self.batch_size).await?;
-                    if rows.is_empty() {
-                        return Ok(0);
+                    let claimed = outbox::claim_pending(conn, &shards, self.batch_size).await?;
+                    // A claim that found rows says whether any row is parked: if none, none
+                    // is due, and the statement is spared.
+                    let any_parked = claimed.first().is_none_or(|r| r.any_parked);
+                    let (behind, mut rows): (Vec<_>, Vec<_>) = claimed.into_iter().partition(|r| r.behind_parked);
+                    if any_parked {
+                        rows.extend(outbox_parked::claim_due(conn, &shards, self.batch_size).await?);
                     }
+                    rows.sort_by_key(|r| r.event.seq);
+                    let behind: Vec<uuid::Uuid> = behind.iter().map(|r| r.event.id).collect();
+                    outbox_parked::hold(conn, &behind).await?;
                     if crate::faults::is_on(crate::faults::Fault::OutboxOutOfOrder) {
                         // Broken on purpose (test builds only): per-key order lost.
                         rows.reverse();
                     }
-                    self.produce_all(&rows).await?;
-                    let ids: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
-                    outbox::mark_published(conn, &ids).await?;
-                    Ok(rows.len())
+                    let outcomes = self.produce_all(&rows).await?;
+                    let settled = settle(&rows, &outcomes, self.parked_retry);
+                    outbox::mark_published(conn, &settled.published).await?;
+                    outbox_parked::release(conn, &settled.released).await?;
+                    outbox_parked::park(conn, &settled.parked).await?;
+                    outbox_parked::hold(conn, &settled.held).await?;
+                    for (row, outcome) in rows.iter().zip(&outcomes) {
+                        if let Outcome::Refused { refusal, error } = outcome {
+                            refused.push((row.event.topic.clone(), *refusal));
+                            warn!(event_id = %row.event.id, topic = %row.event.topic, key = %row.event.key,
+                                  reason = refusal.code(), error = %error, attempts = row.attempts + 1,
+                                  "Outbox row refused by the broker; parked, later rows of its topic and key held.");
+                        }
+                    }
+                    if !settled.overtaken.is_empty() {
+                        warn!(rows = ?settled.overtaken,
+                              "Outbox rows acknowledged after an earlier row of their topic and key was refused; \
+                               published ahead of it.");
+                    }
+                    Ok(BatchOutcome {
+                        published: settled.published.len(),
+                        parked: settled.parked.len(),
+                        held: behind.len() + settled.held.len(),
+                    })
                 }
                 .scope_boxed()
             })
             .await;
         match &result {
-            Ok(n) if *n > 0 => {
-                self.metrics.outbox_published_total.inc_by(*n as u64);
-                self.metrics.outbox_batch_seconds.observe(started.elapsed().as_secs_f64());
+            Ok(batch) => {
+                for (topic, refusal) in &refused {
+                    self.metrics.outbox_refused_total.with_label_values(&[topic, refusal.code()]).inc();
+                }
+                if batch.published > 0 {
+                    self.metrics.outbox_published_total.inc_by(batch.published as u64);
+                    self.metrics.outbox_batch_seconds.observe(started.elapsed().as_secs_f64());
+                }
             }
-            Ok(_) => {}
             Err(_) => self.metrics.outbox_publish_failures_total.inc(),
         }
         result
     }
 
-    /// Enqueues every row, then waits for every delivery report. A row with a traceparent
-    /// is published inside an `outbox.publish` span ([`publish_span`]), which passes its
-    /// own traceparent on when traces are exported.
-    async fn produce_all(&self, rows: &[PendingOutboxEvent]) -> Result<(), OutboxError> {
+    /// Enqueues every row, then waits for every delivery report; returns each row's
+    /// [`Outcome`], in the order of `rows`. A refusal at enqueue stops the rows of its topic
+    /// and key that follow in the batch (not sent); any error that is not a refusal fails
+    /// the batch. A row with a traceparent is published inside an `outbox.publish` span
+    /// ([`publish_span`]), which passes its own traceparent on when traces are exported.
+    async fn produce_all(&self, rows: &[ClaimedOutboxEvent]) -> Result<Vec<Outcome>, OutboxError> {
+        let mut outcomes = vec![Outcome::NotSent; rows.len()];
         let mut deliveries = Vec::with_capacity(rows.len());
-        let mut spans = Vec::with_capacity(rows.len());
-        for row in rows {
+        let mut stopped: HashSet<(&str, &str)> = HashSet::new();
+        for (index, row) in rows.iter().map(|r| &r.event).enumerate() {
+            if stopped.contains(&(row.topic.as_str(), row.key.as_str())) {
+                continue;
+            }
             let id = row.id.to_string();
             let span = row.traceparent.as_ref().map(|_| publish_span(row));
             let traceparent = span
@@ -140,20 +211,25 @@ impl OutboxRelay {
             }
             let record = FutureRecord::to(&row.topic).key(&row.key).payload(&row.payload).headers(hdrs);
             match self.producer.send_result(record) {
-                Ok(delivery) => deliveries.push((row.id, row.created_at, delivery)),
+                Ok(delivery) => deliveries.push((index, row.id, row.created_at, delivery, span)),
                 Err((source, _)) => {
                     if let Some(span) = &span {
                         span.record("outcome", "enqueue_failed");
                     }
-                    return Err(OutboxError::Enqueue { event_id: row.id, source });
+                    let Some(refusal) = Refusal::of(&source) else {
+                        return Err(OutboxError::Enqueue { event_id: row.id, source });
+                    };
+                    stopped.insert((row.topic.as_str(), row.key.as_str()));
+                    outcomes[index] = Outcome::Refused { refusal, error: source.to_string() };
                 }
             }
-            spans.push(span);
         }
-        let ids_and_times: Vec<_> = deliveries.iter().map(|(id, at, _)| (*id, *at)).collect();
-        let reports = join_all(deliveries.into_iter().map(|(_, _, d)| d)).await;
+        let (waiting, reports): (Vec<_>, Vec<_>) =
+            deliveries.into_iter().map(|(index, id, at, delivery, span)| ((index, id, at, span), delivery)).unzip();
+        let reports = join_all(reports).await;
         let now = Utc::now();
-        for (((event_id, created_at), report), span) in ids_and_times.into_iter().zip(reports).zip(spans) {
+        let mut failure = None;
+        for ((index, event_id, created_at, span), report) in waiting.into_iter().zip(reports) {
             let outcome = |label: &'static str| {
                 if let Some(span) = &span {
                     span.record("outcome", label);
@@ -164,22 +240,32 @@ impl OutboxRelay {
                     outcome("published");
                     let age = (now - created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
                     self.metrics.outbox_commit_to_ack_seconds.observe(age.max(0.0));
+                    outcomes[index] = Outcome::Published;
                 }
-                Ok(Err((source, _))) => {
-                    outcome("delivery_failed");
-                    return Err(OutboxError::Delivery { event_id, source });
-                }
+                Ok(Err((source, _))) => match Refusal::of(&source) {
+                    Some(refusal) => {
+                        outcome("refused");
+                        outcomes[index] = Outcome::Refused { refusal, error: source.to_string() };
+                    }
+                    None => {
+                        outcome("delivery_failed");
+                        failure.get_or_insert(OutboxError::Delivery { event_id, source });
+                    }
+                },
                 Err(_) => {
                     outcome("canceled");
-                    return Err(OutboxError::Canceled(event_id));
+                    failure.get_or_insert(OutboxError::Canceled(event_id));
                 }
             }
         }
-        Ok(())
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(outcomes),
+        }
     }
 
-    /// Deletes rows published longer than `retention` ago, in bounded chunks. Returns the
-    /// number deleted.
+    /// Deletes rows published longer than `retention` ago, in bounded chunks, and releases
+    /// held rows left without a parked row. Returns the number deleted.
     ///
     /// # Errors
     /// When the database fails.
@@ -187,6 +273,10 @@ impl OutboxRelay {
         let mut conn = self.pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
         let total = outbox::delete_published(&mut conn, retention).await?;
         self.metrics.outbox_deleted_total.inc_by(total);
+        let released = outbox_parked::release_orphans(&mut conn).await?;
+        if released > 0 {
+            warn!(released, "Released held outbox rows whose parked row is gone (deleted or marked by hand).");
+        }
         Ok(total)
     }
 }
@@ -214,28 +304,4 @@ fn publish_span(row: &PendingOutboxEvent) -> tracing::Span {
         }
     }
     span
-}
-
-/// Pending rows per topic with the age of the oldest (for `/admin/outbox` and gauges).
-///
-/// # Errors
-/// When the database fails.
-pub async fn pending_by_topic(pool: &PgPool) -> Result<Vec<PendingStats>, OutboxError> {
-    let mut conn = pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
-    Ok(outbox::pending_by_topic(&mut conn).await?)
-}
-
-/// Refreshes the outbox gauges from the database.
-///
-/// # Errors
-/// When the database fails.
-pub async fn refresh_gauges(pool: &PgPool, metrics: &Metrics) -> Result<Vec<PendingStats>, OutboxError> {
-    let stats = pending_by_topic(pool).await?;
-    metrics.outbox_pending.set(stats.iter().map(|s| s.pending).sum());
-    metrics.outbox_oldest_pending_age_seconds.set(stats.iter().map(|s| s.oldest_age_seconds).fold(0.0, f64::max));
-    metrics.outbox_pending_by_topic.reset();
-    for s in &stats {
-        metrics.outbox_pending_by_topic.with_label_values(&[&s.topic]).set(s.pending as f64);
-    }
-    Ok(stats)
 }

@@ -7,7 +7,8 @@
 //! |---|---|
 //! | `transfers.rs` | `transfers` (intake, projection, what the ledger reads) |
 //! | `accounts.rs` | `accounts`, `postings`, `processed_transfers` (the ledger's inbox) |
-//! | `outbox.rs` | `outbox_events` |
+//! | `outbox.rs` | `outbox_events`: insert, claim, mark published, delete, backlog |
+//! | `outbox_parked.rs` | `outbox_events`: rows the broker refused (parked) and the rows behind them (held) |
 //! | `orders.rs` | `orders`, `received_orders` |
 //! | `notifications.rs` | `notification_deliveries` |
 //! | `decisions.rs` | `antifraud_decisions` |
@@ -29,6 +30,7 @@ pub mod migrate;
 pub mod notifications;
 pub mod orders;
 pub mod outbox;
+pub mod outbox_parked;
 pub mod pool;
 pub mod transfers;
 

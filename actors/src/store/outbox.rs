@@ -7,11 +7,14 @@
 //! transaction-scoped advisory lock it holds, so one key is published by one publisher at a
 //! time, in `seq` order. Late commits are never skipped: there is no cursor, every claim
 //! reads all rows still unpublished.
+//!
+//! Rows the broker refused for good are parked, and the later rows of their topic and key
+//! held behind them: the statements for those are in [`super::outbox_parked`].
 
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Double, Integer, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Bool, Double, Integer, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use tally_schema::models::{NewOutboxEvent, PendingOutboxEvent};
 use tally_schema::schema::outbox_events;
@@ -110,8 +113,29 @@ pub async fn lock_free_shards(conn: &mut AsyncPgConnection, reach: Reach) -> Res
     .collect())
 }
 
-/// Claims up to `limit` unpublished rows of `shards` in `seq` order (`FOR UPDATE SKIP
-/// LOCKED`). Call inside a transaction.
+/// A row a claim took: the event, how often the broker refused it already, whether it is a
+/// parked row taken for its retry, whether it waits behind a parked row of its topic and
+/// key (then the publisher holds it instead of producing it), and whether any row was
+/// parked at all when it was claimed (if none, no parked row can be due either).
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct ClaimedOutboxEvent {
+    #[diesel(embed)]
+    pub event: PendingOutboxEvent,
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+    #[diesel(sql_type = Bool)]
+    pub parked: bool,
+    #[diesel(sql_type = Bool)]
+    pub behind_parked: bool,
+    #[diesel(sql_type = Bool)]
+    pub any_parked: bool,
+}
+
+/// Claims up to `limit` publishable rows of `shards` in `seq` order (`FOR UPDATE SKIP
+/// LOCKED`): unpublished, neither parked nor held. Each says whether a parked row of its
+/// topic and key exists (`behind_parked`); that probe runs only while some row is parked
+/// at all (the uncorrelated sub-select is evaluated once, and `AND` stops at its `false`).
+/// Call inside a transaction.
 ///
 /// The claim walks the pending index in `seq` order, never a bitmap of it. Every published
 /// row leaves a dead entry in that index until a vacuum; a plain index scan marks each one
@@ -121,7 +145,9 @@ pub async fn lock_free_shards(conn: &mut AsyncPgConnection, reach: Reach) -> Res
 /// never analyzed, a backlog just drained): after 100,000 rows were drained, 9 ms a claim
 /// instead of 0.2, and commit-to-publish at 1,000/s several times slower until autovacuum
 /// came by. The setting lasts to the end of the transaction, so `mark_published` runs under
-/// it too (its `id = ANY(..)` takes the primary key's index either way).
+/// it too (its `id = ANY(..)` takes the primary key's index either way). Parked and held
+/// rows are outside that index, so however many wait behind a refused row, the walk does
+/// not read them.
 ///
 /// # Errors
 /// Any database error.
@@ -129,13 +155,21 @@ pub async fn claim_pending(
     conn: &mut AsyncPgConnection,
     shards: &[i32],
     limit: i64,
-) -> Result<Vec<PendingOutboxEvent>, diesel::result::Error> {
+) -> Result<Vec<ClaimedOutboxEvent>, diesel::result::Error> {
     conn.batch_execute("SET LOCAL enable_bitmapscan = off").await?;
     diesel::sql_query(
-        "SELECT id, seq, topic, key, event_type, payload, traceparent, created_at \
-         FROM outbox_events \
-         WHERE published_at IS NULL AND shard = ANY($1) \
-         ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+        "SELECT o.id, o.seq, o.topic, o.key, o.event_type, o.payload, o.traceparent, o.created_at, \
+                o.attempts, false AS parked, \
+                (SELECT EXISTS (SELECT 1 FROM outbox_events AS a \
+                                WHERE a.published_at IS NULL AND a.parked_at IS NOT NULL)) \
+                AND EXISTS (SELECT 1 FROM outbox_events AS p \
+                            WHERE p.published_at IS NULL AND p.parked_at IS NOT NULL \
+                              AND p.key = o.key AND p.topic = o.topic) AS behind_parked, \
+                (SELECT EXISTS (SELECT 1 FROM outbox_events AS a \
+                                WHERE a.published_at IS NULL AND a.parked_at IS NOT NULL)) AS any_parked \
+         FROM outbox_events AS o \
+         WHERE o.published_at IS NULL AND o.parked_at IS NULL AND NOT o.held AND o.shard = ANY($1) \
+         ORDER BY o.seq LIMIT $2 FOR UPDATE OF o SKIP LOCKED",
     )
     .bind::<Array<Integer>, _>(shards)
     .bind::<BigInt, _>(limit)
@@ -183,7 +217,8 @@ pub async fn delete_published(conn: &mut AsyncPgConnection, retention: Duration)
     }
 }
 
-/// Pending rows and the age of the oldest, for one topic.
+/// Unpublished rows of one topic: how many, the age of the oldest, and how many of them
+/// are parked (refused by the broker) or held (waiting behind a parked row).
 #[derive(Debug, Clone, PartialEq, QueryableByName, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PendingStats {
@@ -193,17 +228,32 @@ pub struct PendingStats {
     pub pending: i64,
     #[diesel(sql_type = Double)]
     pub oldest_age_seconds: f64,
+    #[diesel(sql_type = BigInt)]
+    pub parked: i64,
+    #[diesel(sql_type = BigInt)]
+    pub held: i64,
 }
 
-/// Pending rows per topic with the age of the oldest.
+/// Unpublished rows per topic. The three kinds (publishable, parked, held) are counted
+/// apart, each through its own partial index, as no index covers them all.
 ///
 /// # Errors
 /// Any database error.
 pub async fn pending_by_topic(conn: &mut AsyncPgConnection) -> Result<Vec<PendingStats>, diesel::result::Error> {
     diesel::sql_query(
         "SELECT topic::text AS topic, count(*)::bigint AS pending, \
-                COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds \
-         FROM outbox_events WHERE published_at IS NULL GROUP BY topic ORDER BY topic",
+                COALESCE(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_age_seconds, \
+                count(*) FILTER (WHERE kind = 'parked')::bigint AS parked, \
+                count(*) FILTER (WHERE kind = 'held')::bigint AS held \
+         FROM (SELECT topic, created_at, 'pending' AS kind FROM outbox_events \
+               WHERE published_at IS NULL AND parked_at IS NULL AND NOT held \
+               UNION ALL \
+               SELECT topic, created_at, 'parked' FROM outbox_events \
+               WHERE published_at IS NULL AND parked_at IS NOT NULL \
+               UNION ALL \
+               SELECT topic, created_at, 'held' FROM outbox_events \
+               WHERE held AND published_at IS NULL AND parked_at IS NULL) AS unpublished \
+         GROUP BY topic ORDER BY topic",
     )
     .load(conn)
     .await

@@ -265,8 +265,13 @@ async function refreshOutbox() {
   fill($("outbox").querySelector(".body"),
     el("div", { class: "stats" },
       stat("pending", fmtNum(body.pending), "outbox-pending"),
-      stat("oldest pending", fmtAge(body.oldestAgeSeconds), "outbox-age")),
-    body.topics.length ? table(["topic", "pending", "oldest"], body.topics.map((t) => [t.topic, fmtNum(t.pending), fmtAge(t.oldestAgeSeconds)])) : null);
+      stat("oldest pending", fmtAge(body.oldestAgeSeconds), "outbox-age"),
+      stat("parked (refused by the broker)", fmtNum(body.parked || 0), "outbox-parked")),
+    body.topics.length ? table(["topic", "pending", "oldest"], body.topics.map((t) => [t.topic, fmtNum(t.pending), fmtAge(t.oldestAgeSeconds)])) : null,
+    (body.parkedRows || []).length
+      ? table(["parked row", "topic", "key", "reason", "since", "attempts", "held behind"],
+        body.parkedRows.map((r) => [r.id, r.topic, r.key, r.reason, r.since, fmtNum(r.attempts), fmtNum(r.held)]))
+      : null);
 }
 
 async function refreshDltSummary() {

@@ -11,6 +11,7 @@ use actix_web::dev::ServerHandle;
 use actix_web::web;
 use anyhow::Context;
 use rdkafka::producer::FutureProducer;
+use tally_actors::backoff::Backoff;
 use tally_actors::ledger::Settler;
 use tally_actors::outbox::{self, OutboxPublisher, OutboxRelay, PublisherSettings, StopPublishing};
 use tally_actors::store::group_commit::{GroupCommit, GroupCommitSettings};
@@ -184,7 +185,21 @@ pub async fn start_with(
             producer.clone(),
             metrics.clone(),
             config.outbox.batch_size,
+            Backoff::doubling(config.outbox.parked_retry_initial, config.outbox.parked_retry_max),
         );
+        // At 0 from the start, for every topic the outbox writes: an alert on their
+        // increase then sees the first refusal too.
+        let topics = &config.kafka.topics;
+        for topic in [
+            &topics.transfers_requested,
+            &topics.transfers_settled,
+            &topics.transfers_rejected,
+            &topics.orders_received,
+        ] {
+            for refusal in outbox::Refusal::ALL {
+                metrics.outbox_refused_total.with_label_values(&[topic, refusal.code()]).inc_by(0);
+            }
+        }
         let settings = PublisherSettings {
             poll_interval: config.outbox.poll_interval,
             retention: config.outbox.retention,

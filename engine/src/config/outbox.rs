@@ -26,6 +26,12 @@ pub struct OutboxConfig {
     /// Publish loops per daemon (each on a disjoint half of the free key shards), each with
     /// a connection of `database.pools.outbox` while it publishes.
     pub concurrency: usize,
+    /// First wait before a row the broker refused for good (parked) is tried again; each
+    /// further refusal doubles it, up to `parked_retry_max_ms`.
+    #[serde(rename = "parked_retry_initial_ms", with = "super::duration::ms")]
+    pub parked_retry_initial: Duration,
+    #[serde(rename = "parked_retry_max_ms", with = "super::duration::ms")]
+    pub parked_retry_max: Duration,
 }
 
 impl Default for OutboxConfig {
@@ -40,6 +46,8 @@ impl Default for OutboxConfig {
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_millis(10_000),
             concurrency: 2,
+            parked_retry_initial: Duration::from_secs(5),
+            parked_retry_max: Duration::from_secs(300),
         }
     }
 }
@@ -60,6 +68,9 @@ impl OutboxConfig {
         }
         if !(1..=8).contains(&self.concurrency) {
             return invalid("outbox.concurrency", "must be between 1 and 8");
+        }
+        if self.parked_retry_initial.is_zero() || self.parked_retry_max < self.parked_retry_initial {
+            return invalid("outbox.parked_retry_max_ms", "must be at least outbox.parked_retry_initial_ms (> 0)");
         }
         if self.cleanup_interval.is_zero() {
             return invalid("outbox.cleanup_interval_secs", "must be greater than 0");

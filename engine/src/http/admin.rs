@@ -2,10 +2,10 @@
 //! pipelines, and DLT administration (in `admin_dlt`).
 //!
 //! Open: `/healthz`, `/readyz`, `/metrics`, and the aggregate views (`/admin/outbox`,
-//! `/admin/ledger/check`, `/admin/pipelines`, `/admin/dlt`), which show counts, offsets and
-//! states but no record contents. Bearer token (`http.admin_token`): everything that shows
-//! record contents (`GET /admin/dlt/{topic}`, `GET /admin/dlt/dead_letters`) or changes
-//! state (pause, resume, replay).
+//! `/admin/ledger/check`, `/admin/pipelines`, `/admin/dlt`), which show counts, offsets,
+//! states and keys but no record contents. Bearer token (`http.admin_token`): everything
+//! that shows record contents (`GET /admin/dlt/{topic}`, `GET /admin/dlt/dead_letters`) or
+//! changes state (pause, resume, replay, retrying parked outbox rows).
 
 use std::time::Duration;
 
@@ -29,6 +29,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))
         .route("/admin/outbox", web::get().to(outbox_backlog))
+        .route("/admin/outbox/parked/retry", web::post().to(outbox_retry_all))
+        .route("/admin/outbox/parked/{id}/retry", web::post().to(outbox_retry))
         .route("/admin/ledger/check", web::get().to(ledger_check))
         .route("/admin/pipelines", web::get().to(pipelines))
         .route("/admin/pipelines/{name}/pause", web::post().to(pause))
@@ -131,17 +133,52 @@ async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(state.metrics.render())
 }
 
-/// `GET /admin/outbox`: pending rows and the oldest pending age, per topic and in total.
+/// Parked rows listed by `GET /admin/outbox` (all are counted).
+const PARKED_ROWS_SHOWN: i64 = 100;
+
+/// `GET /admin/outbox`: unpublished rows and the oldest one's age, per topic and in total;
+/// the rows the broker refused for good (parked: id, topic, key, reason, since, attempts,
+/// next attempt, rows held behind it; never the payload) and the rows held behind them.
 async fn outbox_backlog(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let topics =
-        outbox::refresh_gauges(&state.pool, &state.metrics).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    let unavailable = |e: outbox::OutboxError| ApiError::Unavailable(e.to_string());
+    let topics = outbox::refresh_gauges(&state.pool, &state.metrics).await.map_err(unavailable)?;
     let pending: i64 = topics.iter().map(|t| t.pending).sum();
     let oldest = topics.iter().map(|t| t.oldest_age_seconds).fold(0.0, f64::max);
+    let parked: i64 = topics.iter().map(|t| t.parked).sum();
+    let held: i64 = topics.iter().map(|t| t.held).sum();
+    let parked_rows = if parked > 0 {
+        outbox::parked_rows(&state.pool, PARKED_ROWS_SHOWN).await.map_err(unavailable)?
+    } else {
+        vec![]
+    };
     Ok(HttpResponse::Ok().json(json!({
         "pending": pending,
         "oldestAgeSeconds": oldest,
+        "parked": parked,
+        "held": held,
+        "parkedRows": parked_rows,
         "topics": topics,
     })))
+}
+
+/// `POST /admin/outbox/parked/{id}/retry` (admin token): try parked row `id` again now
+/// rather than at its next attempt. 404 when it is not a parked row (never was, or
+/// published meanwhile).
+async fn outbox_retry(_: Admin, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    let id = uuid::Uuid::parse_str(&id).map_err(|_| ApiError::BadRequest(format!("{id} is not a row id (UUID)")))?;
+    let due = outbox::retry_parked(&state.pool, Some(id)).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    if due.is_empty() {
+        return Err(ApiError::NotFound(format!("no parked outbox row {id}")));
+    }
+    tracing::info!(event_id = %id, "Parked outbox row retried through the admin API.");
+    Ok(HttpResponse::Ok().json(json!({ "retrying": due })))
+}
+
+/// `POST /admin/outbox/parked/retry` (admin token): try every parked row again now.
+async fn outbox_retry_all(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let due = outbox::retry_parked(&state.pool, None).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    tracing::info!(rows = due.len(), "Every parked outbox row retried through the admin API.");
+    Ok(HttpResponse::Ok().json(json!({ "retrying": due })))
 }
 
 /// `GET /admin/ledger/check`: the ledger invariants (also published as

@@ -189,6 +189,7 @@ async fn admin_endpoints_showing_records_or_changing_state_need_the_token() {
         ("POST", "/admin/dlt/dead_letters/replay"),
         ("POST", "/admin/pipelines/ledger/pause"),
         ("POST", "/admin/pipelines/ledger/resume"),
+        ("POST", "/admin/outbox/parked/retry"),
     ];
     for (method, path) in protected {
         let url = format!("{}{path}", app.admin_url);

@@ -449,6 +449,8 @@ async fn broker_outage_marks_nothing_published_and_everything_is_published_after
     .await;
     let published = env.db.scalar_i64("SELECT count(*) FROM outbox_events WHERE published_at IS NOT NULL", &[]).await;
     assert_eq!(published, 0, "rows marked published while no broker was up");
+    let parked = env.db.scalar_i64("SELECT count(*) FROM outbox_events WHERE parked_at IS NOT NULL OR held", &[]).await;
+    assert_eq!(parked, 0, "a broker outage is no refusal: nothing parked or held");
     assert_eq!(env.db.pending_outbox().await, 5);
     assert_eq!(metric_value(&app.metrics().await, "tally_outbox_pending"), Some(5.0));
 
@@ -905,4 +907,54 @@ async fn a_nul_in_any_string_of_an_intake_body_is_a_422_naming_the_field() {
     assert_no_transfer_rows(&env.db, "after every NUL").await;
     assert_eq!(env.db.count("accounts").await, 0, "accounts rows");
     assert_eq!(env.db.count("orders").await, 0, "orders rows");
+}
+
+// Broker: none (the store's claim alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_held_behind_a_parked_row_are_not_read_by_later_claims() {
+    use diesel_async::AsyncConnection;
+    use tally_actors::store::{outbox, outbox_parked};
+
+    let db = TestDb::new().await;
+    // A parked row of key H, 5,000 later rows of H behind it, and five rows of other keys.
+    db.batch(
+        "INSERT INTO outbox_events (id, topic, key, event_type, payload, attempts, parked_at, park_reason, retry_at) \
+           VALUES (gen_random_uuid(), 'transfers.requested', 'H', 'TransferRequested', '{}', 1, now(), \
+                   'topic_authorization_failed', now() + interval '1 hour'); \
+         INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+           SELECT gen_random_uuid(), 'transfers.requested', 'H', 'TransferRequested', repeat('x', 200) \
+           FROM generate_series(1, 5000); \
+         INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+           SELECT gen_random_uuid(), 'transfers.requested', 'P-' || i, 'TransferRequested', '{}' \
+           FROM generate_series(1, 5) AS i",
+    )
+    .await;
+    let mut conn = diesel_async::AsyncPgConnection::establish(db.url()).await.expect("diesel connection");
+    let shards: Vec<i32> = (0..tally_actors::outbox::SHARDS).collect();
+    // Claims as the publisher makes them: each holds the rows it finds behind the parked
+    // one (500 a claim, oldest first), until a claim finds none.
+    let mut held = 0;
+    for _ in 0..20 {
+        let behind = conn
+            .transaction::<usize, diesel::result::Error, _>(|conn| {
+                let shards = &shards;
+                Box::pin(async move {
+                    let claimed = outbox::claim_pending(conn, shards, 500).await?;
+                    let behind: Vec<uuid::Uuid> =
+                        claimed.iter().filter(|r| r.behind_parked).map(|r| r.event.id).collect();
+                    outbox_parked::hold(conn, &behind).await?;
+                    Ok(behind.len())
+                })
+            })
+            .await
+            .expect("claim and hold");
+        held += behind;
+        if behind == 0 {
+            break;
+        }
+    }
+    assert_eq!(held, 5_000, "every row behind the parked one is held");
+    let (blocks, claimed) = blocks_read_by_a_claim(&mut conn).await;
+    assert_eq!(claimed, 5, "the other keys' rows are claimed, none of the held ones");
+    assert!(blocks < 20, "a claim read {blocks} heap blocks: the held rows (on ~100 pages) again");
 }

@@ -19,6 +19,7 @@ mod noida;
 mod notifications;
 mod orders;
 mod outage;
+mod outbox;
 mod pools;
 mod rebalance;
 mod stuck;
