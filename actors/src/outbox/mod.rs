@@ -9,12 +9,14 @@ mod listen;
 pub mod refusal;
 mod relay;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::FutureExt;
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
@@ -67,6 +69,7 @@ impl Actor for OutboxPublisher {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(16);
+        self.relay.metrics().stage_restarts_total.with_label_values(&["outbox"]).inc_by(0);
         for index in 0..self.settings.concurrency.max(1) {
             let relay = Arc::clone(&self.relay);
             let settings = self.settings.clone();
@@ -148,7 +151,18 @@ async fn publish_loop(
     let mut reach = Reach::Half;
     while !*stop.borrow() {
         let rings = wake.rings();
-        let pause = match relay.publish_batch(reach).await {
+        // A panic in a batch (a bug) costs that batch, not the loop: nothing it claimed was
+        // marked, so it is claimed again after the backoff.
+        let batch = match AssertUnwindSafe(relay.publish_batch(reach)).catch_unwind().await {
+            Ok(batch) => batch,
+            Err(panic) => {
+                let cause = crate::supervise::restart::panic_message(&*panic);
+                relay.metrics().stage_restarts_total.with_label_values(&["outbox"]).inc();
+                tracing::error!(cause, "Outbox batch panicked (a bug); the loop goes on after a backoff.");
+                Err(OutboxError::Panicked(cause))
+            }
+        };
+        let pause = match batch {
             Ok(batch) => {
                 waits.reset();
                 let rang = wake.rings() != rings;

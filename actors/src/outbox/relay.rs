@@ -40,6 +40,8 @@ pub enum OutboxError {
     Enqueue { event_id: uuid::Uuid, source: KafkaError },
     #[error("delivery report lost for record {0}")]
     Canceled(uuid::Uuid),
+    #[error("the batch panicked (a bug): {0}")]
+    Panicked(String),
 }
 
 impl OutboxError {
@@ -52,6 +54,7 @@ impl OutboxError {
             Self::Delivery { .. } => "delivery",
             Self::Enqueue { .. } => "enqueue",
             Self::Canceled(_) => "canceled",
+            Self::Panicked(_) => "panicked",
         }
     }
 }
@@ -102,6 +105,11 @@ impl OutboxRelay {
 
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
+    }
+
+    #[must_use]
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Publishes one batch: locks free shards (as many as `reach` says), claims up to
