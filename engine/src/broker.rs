@@ -229,6 +229,21 @@ impl EmbeddedBroker {
         Ok(())
     }
 
+    /// Makes the cluster answer for `topic` with `error` until it is set to
+    /// `RD_KAFKA_RESP_ERR_NO_ERROR` again: in metadata, and when a transactional producer
+    /// adds one of its partitions to a transaction. `TOPIC_AUTHORIZATION_FAILED` plays a
+    /// topic that an ACL forbids writing to.
+    ///
+    /// # Errors
+    /// When the topic name contains NUL.
+    pub fn set_topic_error(&self, topic: &str, error: RDKafkaRespErr) -> anyhow::Result<()> {
+        let name = CString::new(topic).context("topic name contains NUL")?;
+        // SAFETY: live cluster; NUL-terminated name that outlives the call (the mock
+        // copies it).
+        unsafe { rdsys::rd_kafka_mock_topic_set_error(self.cluster.as_ptr(), name.as_ptr(), error) };
+        Ok(())
+    }
+
     /// Drops injected errors for `api_key` that were not consumed yet.
     pub fn clear_request_errors(&self, api_key: i16) {
         // SAFETY: live cluster.

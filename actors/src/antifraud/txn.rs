@@ -10,27 +10,31 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::output::Output;
 use super::{AntifraudSpec, PIPELINE};
 use crate::consume::Record;
 use crate::metrics::Metrics;
+use deliveries::TxnContext;
+
+mod deliveries;
 
 /// The transactional producer. It serves its delivery reports on a thread of its own:
 /// transaction calls (abort in particular) wait until every outstanding report was served,
 /// which a producer polled only by the loop could never do while the loop waits in the
 /// call. It is shared with the thread that adds offsets to a transaction
 /// ([`send_offsets`]), and once a call of it never came back it is given up (`wedged`).
+/// Its context keeps the errors of the open transaction's failed deliveries.
 pub(super) struct TxnProducer {
-    producer: Arc<ThreadedProducer<DefaultProducerContext>>,
+    producer: Arc<ThreadedProducer<TxnContext>>,
     wedged: AtomicBool,
     metrics: Metrics,
 }
 
 impl Deref for TxnProducer {
-    type Target = ThreadedProducer<DefaultProducerContext>;
+    type Target = ThreadedProducer<TxnContext>;
 
     fn deref(&self) -> &Self::Target {
         &self.producer
@@ -38,7 +42,7 @@ impl Deref for TxnProducer {
 }
 
 pub(super) fn new_producer(spec: &AntifraudSpec, metrics: &Metrics) -> KafkaResult<TxnProducer> {
-    let producer: ThreadedProducer<DefaultProducerContext> = spec.producer.create()?;
+    let producer: ThreadedProducer<TxnContext> = spec.producer.create_with_context(TxnContext::default())?;
     producer.init_transactions(spec.transaction_timeout)?;
     Ok(TxnProducer { producer: Arc::new(producer), wedged: AtomicBool::new(false), metrics: metrics.clone() })
 }
@@ -89,13 +93,28 @@ pub(super) enum Phase {
 }
 
 /// Why a transaction did not commit: the error, the phase it failed in, whether a
-/// transaction is open (to abort), and the index of the output whose send the producer
-/// refused at once, if that was the cause.
+/// transaction is open (to abort), the index of the output whose send the producer
+/// refused at once, if that was the cause, and the errors of its failed deliveries.
 pub(super) struct TxnFailure {
     pub error: TxnError,
     pub phase: Phase,
     pub open: bool,
     pub refused: Option<usize>,
+    pub deliveries: Box<[RDKafkaErrorCode]>,
+}
+
+impl TxnFailure {
+    pub(super) fn new(error: TxnError, phase: Phase, open: bool, refused: Option<usize>) -> Self {
+        Self { error, phase, open, refused, deliveries: Box::default() }
+    }
+}
+
+impl TxnProducer {
+    /// The distinct error codes of the deliveries that failed in the open (or last)
+    /// transaction.
+    pub(super) fn failed_deliveries(&self) -> Box<[RDKafkaErrorCode]> {
+        self.producer.context().failed().into()
+    }
 }
 
 /// What to do about a failed transaction call, as librdkafka documents its errors.
@@ -169,14 +188,10 @@ pub(super) fn transact(
     spec: &AntifraudSpec,
 ) -> Result<(), TxnFailure> {
     if producer.wedged.load(Ordering::Relaxed) {
-        return Err(TxnFailure { error: TxnError::Wedged, phase: Phase::Produce, open: false, refused: None });
+        return Err(TxnFailure::new(TxnError::Wedged, Phase::Produce, false, None));
     }
-    producer.begin_transaction().map_err(|error| TxnFailure {
-        error: error.into(),
-        phase: Phase::Produce,
-        open: false,
-        refused: None,
-    })?;
+    producer.context().begin();
+    producer.begin_transaction().map_err(|error| TxnFailure::new(error.into(), Phase::Produce, false, None))?;
     for (index, o) in outputs.iter().enumerate() {
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&o.topic).headers(o.headers.clone());
         if let Some(p) = o.partition {
@@ -196,14 +211,7 @@ pub(super) fn transact(
                     std::thread::sleep(Duration::from_millis(5));
                     pending = back;
                 }
-                Err((error, _)) => {
-                    return Err(TxnFailure {
-                        error: error.into(),
-                        phase: Phase::Produce,
-                        open: true,
-                        refused: Some(index),
-                    })
-                }
+                Err((error, _)) => return Err(TxnFailure::new(error.into(), Phase::Produce, true, Some(index))),
             }
         }
     }
@@ -231,20 +239,11 @@ pub(super) fn finish(
     phase: Phase,
 ) -> Result<(), TxnFailure> {
     if phase != Phase::Commit {
-        send_offsets(producer, offsets, group, spec.call_timeout).map_err(|error| TxnFailure {
-            error,
-            phase: Phase::SendOffsets,
-            open: true,
-            refused: None,
-        })?;
+        send_offsets(producer, offsets, group, spec.call_timeout)
+            .map_err(|error| TxnFailure::new(error, Phase::SendOffsets, true, None))?;
     }
     let left = await_deliveries(producer, spec.call_timeout);
-    producer.commit_transaction(left).map_err(|error| TxnFailure {
-        error: error.into(),
-        phase: Phase::Commit,
-        open: true,
-        refused: None,
-    })
+    producer.commit_transaction(left).map_err(|error| TxnFailure::new(error.into(), Phase::Commit, true, None))
 }
 
 /// `send_offsets_to_transaction`, on a thread of its own, waited for at most twice
