@@ -356,8 +356,15 @@ fn recover(
 }
 
 fn renew(producer: &mut TxnProducer, spec: &AntifraudSpec, metrics: &Metrics) {
+    if !producer.may_be_replaced() {
+        // At most one producer is given up at a time: this one stays, wedged, and the
+        // batch waits (holding) until its call or the earlier one returns.
+        warn!(pipeline = PIPELINE, "The producer is wedged and the one given up before is still stuck; waiting.");
+        return;
+    }
     match new_producer(spec, metrics) {
-        Ok(p) => {
+        Ok(mut p) => {
+            p.take_over(producer);
             *producer = p;
             metrics.kafka_transactions_total.with_label_values(&["producer_renewed"]).inc();
         }
