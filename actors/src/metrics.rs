@@ -128,9 +128,9 @@ metrics! {
     kafka_transactions_total: IntCounterVec = "Kafka transaction events, by outcome: committed, failed (an attempt that did not commit), \
                      aborted (by the stage), retried (a retriable call made again), producer_renewed (re-created \
                      after a fatal error, a failed abort or a wedged call), producer_wedged (a call that never came \
-                     back: the producer was given up).", labels ["outcome"];
-    kafka_producers_abandoned: IntGauge = "Transactional producers given up as wedged whose blocked call has not returned yet: \
-                     each still holds a librdkafka client (threads, connections) until it does.";
+                     back: the producer is given up, once no other given up is still stuck).", labels ["outcome"];
+    kafka_producers_abandoned: IntGauge = "Transactional producers given up as wedged whose blocked call has not returned yet \
+                     (at most one): it still holds a librdkafka client (threads, connections) until it does.";
     rebalances_total: IntCounterVec = "Consumer group rebalance events seen by a pipeline, by event (assigned, revoked).", labels ["pipeline", "event"];
     rebalance_partitions_total: IntCounterVec = "Partitions a pipeline was given or gave up in rebalances, by event (assigned, revoked): \
                      with cooperative assignment only the partitions that move are counted.", labels ["pipeline", "event"];

@@ -229,17 +229,18 @@ impl EmbeddedBroker {
         Ok(())
     }
 
-    /// Makes the metadata of `topic` carry `error` (e.g. `TOPIC_AUTHORIZATION_FAILED`, which
-    /// a producer takes as a refusal of every record for that topic) until it is set back
-    /// to `RD_KAFKA_RESP_ERR_NO_ERROR`. Records already appended stay.
+    /// Makes the cluster answer for `topic` with `error` until it is set to
+    /// `RD_KAFKA_RESP_ERR_NO_ERROR` again: in metadata, and when a transactional producer
+    /// adds one of its partitions to a transaction. `TOPIC_AUTHORIZATION_FAILED` plays a
+    /// topic that an ACL forbids writing to.
     ///
     /// # Errors
     /// When the topic name contains NUL.
     pub fn set_topic_error(&self, topic: &str, error: RDKafkaRespErr) -> anyhow::Result<()> {
         let name = CString::new(topic).context("topic name contains NUL")?;
-        // SAFETY: live cluster; NUL-terminated name that outlives the call (the mock looks
-        // the topic up during the call and keeps no pointer to it).
-        unsafe { rdsys::rd_kafka_mock_topic_set_error(self.cluster.as_ptr(), name.as_ptr(), error) }
+        // SAFETY: live cluster; NUL-terminated name that outlives the call (the mock
+        // copies it).
+        unsafe { rdsys::rd_kafka_mock_topic_set_error(self.cluster.as_ptr(), name.as_ptr(), error) };
         Ok(())
     }
 

@@ -1,7 +1,8 @@
 //! One batch of the antifraud loop: its decisions (stored ones reused, new ones scored
 //! and stored first, waiting out database failures), its outputs, then one Kafka
-//! transaction for its outputs and offsets, retried until it commits; a poison record the
-//! DLT refuses for good goes to the `dead_letters` table instead. Every wait holds the
+//! transaction for its outputs and offsets, retried until it commits; records refused for
+//! good are set aside ([`refused`]: a decision the broker refuses goes to its input's DLT,
+//! a dead letter the DLT refuses to the `dead_letters` table). Every wait holds the
 //! partitions without leaving the group ([`Hold`]).
 
 use std::collections::{HashMap, HashSet};
@@ -21,14 +22,16 @@ use super::decisions::{self, Decision};
 use super::hold::{drop_partitions, rewind, Hold, OfRecord};
 use super::output::{self, Hops, Output};
 use super::txn::{
-    finish, lost_membership, new_producer, next_offsets, permanently_refused, recovery, transact, Phase, Recovery,
-    TxnFailure, TxnProducer,
+    finish, lost_membership, new_producer, next_offsets, recovery, transact, Phase, Recovery, TxnFailure, TxnProducer,
 };
 use super::{AntifraudSpec, LoopIo, RiskEngine, BLOCKED_BY_ANTIFRAUD, PIPELINE};
 use crate::consume::Record;
 use crate::metrics::Metrics;
 use crate::store;
-use crate::supervise::{store_dead_letter, DeadLetterRow, HandlerError};
+use crate::supervise::HandlerError;
+use refused::{set_aside, Parts};
+
+mod refused;
 
 /// One input record and what the stage writes for it.
 pub(super) struct Item {
@@ -166,8 +169,11 @@ fn backoff(spec: &AntifraudSpec, attempt: u32) -> Duration {
 /// transaction is aborted and produced again, a fatal error re-creates the producer and
 /// redoes only what the group's committed offsets say is not done. Between attempts the
 /// partitions are held ([`Hold`]): records of partitions revoked meanwhile leave the batch.
-/// A dead letter the DLT refuses for good is stored in the `dead_letters` table instead.
-/// Returns false when the stage stops first.
+/// Records refused for good are no broker trouble: a batch whose records the broker
+/// refused is committed in parts until the input whose output is refused is alone, and
+/// that input is set aside ([`refused`]: its decision goes to its DLT instead, a dead
+/// letter the DLT refuses to the `dead_letters` table). Returns false when the stage stops
+/// first.
 pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut items: Vec<Item>) -> bool {
     let LoopIo { consumer, spec, metrics, stopping, .. } = *io;
     let mut hold: Option<Hold<'_>> = None;
@@ -178,6 +184,8 @@ pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut item
     // Set after a failure whose transaction may have committed after all: what the
     // group's committed offsets cover is dropped before anything is produced again.
     let mut must_rewind = false;
+    // One transaction for the whole batch, unless the broker refuses some of its records.
+    let mut parts = Parts::new(items.len());
     loop {
         let dropped = drop_partitions(&mut items, &std::mem::take(&mut revoked));
         if dropped > 0 {
@@ -185,6 +193,7 @@ pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut item
                 pipeline = PIPELINE,
                 dropped, "Partitions revoked while retrying; their records go to their new owner."
             );
+            parts.reset(items.len());
         }
         if must_rewind {
             match rewind(consumer, &mut items, spec.call_timeout) {
@@ -197,6 +206,7 @@ pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut item
                             "Records committed by an earlier transaction after all; not producing them again."
                         );
                         record_committed(metrics, &done);
+                        parts.reset(items.len());
                     }
                 }
                 Err(e) => warn!(pipeline = PIPELINE, error = %e, "Cannot read the committed offsets; retrying."),
@@ -207,11 +217,19 @@ pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut item
             return true;
         }
         if !must_rewind {
-            match attempt_transaction(io, producer, &mut hold, &mut attempt, &items, &mut revoked) {
+            let part = parts.front(items.len());
+            match attempt_transaction(io, producer, &mut hold, &mut attempt, &items[..part], &mut revoked) {
                 Ok(()) => {
                     metrics.kafka_transactions_total.with_label_values(&["committed"]).inc();
-                    record_committed(metrics, &items);
-                    return true;
+                    record_committed(metrics, &items[..part]);
+                    items.drain(..part);
+                    parts.committed();
+                    if items.is_empty() {
+                        return true;
+                    }
+                    // The next part at once, as a transaction of its own.
+                    attempt = 0;
+                    continue;
                 }
                 Err(failure) => {
                     if stopping.load(Ordering::Relaxed)
@@ -224,11 +242,20 @@ pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut item
                     }
                     attempt += 1;
                     metrics.kafka_transactions_total.with_label_values(&["failed"]).inc();
-                    must_rewind = recover(producer, spec, metrics, &failure, attempt, items.len());
-                    let refused_for_good = failure.error.kafka().is_some_and(permanently_refused);
-                    if let Some(index) = failure.refused.filter(|_| refused_for_good) {
-                        if items.get(index).is_some_and(|item| store_refused(io, item, &failure.error.to_string())) {
-                            items[index].stored = true;
+                    must_rewind = recover(producer, spec, metrics, &failure, attempt, part);
+                    if let Some(item) = failure.refused.and_then(|index| items.get_mut(index)) {
+                        // The producer refused this output at once: it names its input.
+                        if refused::refused_at_once(item, &failure.error) && set_aside(io, item, &failure.error) {
+                            continue;
+                        }
+                    } else if refused::refused_by_broker(&failure) {
+                        if parts.split() {
+                            warn!(pipeline = PIPELINE, error = %failure.error, records = part,
+                                  "The broker refused records of the transaction; committing its batch in halves.");
+                            continue;
+                        }
+                        // Alone, so its input's output is the refused one.
+                        if items.first_mut().is_some_and(|item| set_aside(io, item, &failure.error)) {
                             continue;
                         }
                     }
@@ -262,7 +289,7 @@ fn attempt_transaction<'a>(
     // Taken once: retries of this transaction send its offsets under this generation.
     let Some(group) = consumer.group_metadata().map(Arc::new) else {
         let error = KafkaError::ConsumerCommit(RDKafkaErrorCode::InvalidGroupId).into();
-        return Err(TxnFailure { error, phase: Phase::Produce, open: false, refused: None });
+        return Err(TxnFailure::new(error, Phase::Produce, false, None));
     };
     let sending: Vec<usize> = (0..items.len()).filter(|&i| !items[i].stored).collect();
     let outs: Vec<&Output> = sending.iter().map(|&i| &items[i].output).collect();
@@ -289,6 +316,7 @@ fn attempt_transaction<'a>(
     }
     result.map_err(|mut f| {
         f.refused = f.refused.and_then(|j| sending.get(j).copied());
+        f.deliveries = producer.failed_deliveries();
         f
     })
 }
@@ -328,8 +356,15 @@ fn recover(
 }
 
 fn renew(producer: &mut TxnProducer, spec: &AntifraudSpec, metrics: &Metrics) {
+    if !producer.may_be_replaced() {
+        // At most one producer is given up at a time: this one stays, wedged, and the
+        // batch waits (holding) until its call or the earlier one returns.
+        warn!(pipeline = PIPELINE, "The producer is wedged and the one given up before is still stuck; waiting.");
+        return;
+    }
     match new_producer(spec, metrics) {
-        Ok(p) => {
+        Ok(mut p) => {
+            p.take_over(producer);
             *producer = p;
             metrics.kafka_transactions_total.with_label_values(&["producer_renewed"]).inc();
         }
@@ -351,33 +386,3 @@ fn record_committed(metrics: &Metrics, items: &[Item]) {
 
 /// The `dlt_records_total` label of records stored in the `dead_letters` table.
 const DEAD_LETTERS_TABLE: &str = "dead_letters";
-
-/// Stores the poison record of `item` in the `dead_letters` table; true once stored (or
-/// already there). False for an item that is no dead letter.
-fn store_refused(io: &LoopIo<'_>, item: &Item, dlt_error: &str) -> bool {
-    let Some(reason) = &item.output.dead_letter else { return false };
-    let record = &item.record;
-    let row = DeadLetterRow {
-        record,
-        group: &io.spec.group_id,
-        kind: tally_schema::headers::dlt_kind::POISON,
-        message: reason,
-        attempts: 1,
-        dlt_error,
-    };
-    let result = io.runtime.block_on(async {
-        let mut conn = io.pool.get().await.map_err(|e| e.to_string())?;
-        store_dead_letter(&mut conn, &row).await.map_err(|e| e.to_string())
-    });
-    match result {
-        Ok(_) => {
-            warn!(pipeline = PIPELINE, topic = %record.topic, partition = record.partition, offset = record.offset,
-                  error = dlt_error, "The DLT refused a poison record; stored it in the dead_letters table.");
-            true
-        }
-        Err(e) => {
-            warn!(pipeline = PIPELINE, error = %e, "Cannot store a refused poison record; retrying the batch.");
-            false
-        }
-    }
-}

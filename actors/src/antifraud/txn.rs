@@ -4,33 +4,41 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::output::Output;
 use super::{AntifraudSpec, PIPELINE};
 use crate::consume::Record;
 use crate::metrics::Metrics;
+use deliveries::TxnContext;
+use offsets::{GiveUp, NoAnswer, OffsetsCalls};
+
+mod deliveries;
+mod offsets;
 
 /// The transactional producer. It serves its delivery reports on a thread of its own:
 /// transaction calls (abort in particular) wait until every outstanding report was served,
 /// which a producer polled only by the loop could never do while the loop waits in the
-/// call. It is shared with the thread that adds offsets to a transaction
-/// ([`send_offsets`]), and once a call of it never came back it is given up (`wedged`).
+/// call. It is shared with the thread that adds offsets to transactions
+/// ([`send_offsets`]), which the stage's producers hand on to their successors
+/// ([`TxnProducer::take_over`]); once a call of it never came back it is `wedged`. Its
+/// context keeps the errors of the open transaction's failed deliveries.
 pub(super) struct TxnProducer {
-    producer: Arc<ThreadedProducer<DefaultProducerContext>>,
+    producer: Arc<ThreadedProducer<TxnContext>>,
     wedged: AtomicBool,
+    offsets: Mutex<OffsetsCalls>,
     metrics: Metrics,
 }
 
 impl Deref for TxnProducer {
-    type Target = ThreadedProducer<DefaultProducerContext>;
+    type Target = ThreadedProducer<TxnContext>;
 
     fn deref(&self) -> &Self::Target {
         &self.producer
@@ -38,9 +46,14 @@ impl Deref for TxnProducer {
 }
 
 pub(super) fn new_producer(spec: &AntifraudSpec, metrics: &Metrics) -> KafkaResult<TxnProducer> {
-    let producer: ThreadedProducer<DefaultProducerContext> = spec.producer.create()?;
+    let producer: ThreadedProducer<TxnContext> = spec.producer.create_with_context(TxnContext::default())?;
     producer.init_transactions(spec.transaction_timeout)?;
-    Ok(TxnProducer { producer: Arc::new(producer), wedged: AtomicBool::new(false), metrics: metrics.clone() })
+    Ok(TxnProducer {
+        producer: Arc::new(producer),
+        wedged: AtomicBool::new(false),
+        offsets: Mutex::new(OffsetsCalls::new(metrics.kafka_producers_abandoned.clone())),
+        metrics: metrics.clone(),
+    })
 }
 
 /// Why a transaction call failed: librdkafka said so, or the call never came back.
@@ -89,13 +102,48 @@ pub(super) enum Phase {
 }
 
 /// Why a transaction did not commit: the error, the phase it failed in, whether a
-/// transaction is open (to abort), and the index of the output whose send the producer
-/// refused at once, if that was the cause.
+/// transaction is open (to abort), the index of the output whose send the producer
+/// refused at once, if that was the cause, and the errors of its failed deliveries.
 pub(super) struct TxnFailure {
     pub error: TxnError,
     pub phase: Phase,
     pub open: bool,
     pub refused: Option<usize>,
+    pub deliveries: Box<[RDKafkaErrorCode]>,
+}
+
+impl TxnFailure {
+    pub(super) fn new(error: TxnError, phase: Phase, open: bool, refused: Option<usize>) -> Self {
+        Self { error, phase, open, refused, deliveries: Box::default() }
+    }
+}
+
+impl TxnProducer {
+    /// The distinct error codes of the deliveries that failed in the open (or last)
+    /// transaction.
+    pub(super) fn failed_deliveries(&self) -> Box<[RDKafkaErrorCode]> {
+        self.producer.context().failed().into()
+    }
+
+    /// Whether this producer may be replaced now: a call of it that never came back may
+    /// be given up (none given up earlier is still stuck), or there is none.
+    pub(super) fn may_be_replaced(&self) -> bool {
+        self.offsets.lock().unwrap_or_else(PoisonError::into_inner).may_give_up()
+    }
+
+    /// Takes the offsets thread over from the producer this one replaces, giving up the
+    /// call of it that never came back, if any: the call's thread keeps the old producer
+    /// until it returns (`tally_kafka_producers_abandoned`).
+    pub(super) fn take_over(&mut self, old: &mut TxnProducer) {
+        let calls = old.offsets.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if calls.give_up() == GiveUp::Abandoned {
+            tracing::warn!(
+                pipeline = PIPELINE,
+                "Gave up the wedged producer's call; its thread keeps it until it returns."
+            );
+        }
+        std::mem::swap(self.offsets.get_mut().unwrap_or_else(PoisonError::into_inner), calls);
+    }
 }
 
 /// What to do about a failed transaction call, as librdkafka documents its errors.
@@ -169,14 +217,10 @@ pub(super) fn transact(
     spec: &AntifraudSpec,
 ) -> Result<(), TxnFailure> {
     if producer.wedged.load(Ordering::Relaxed) {
-        return Err(TxnFailure { error: TxnError::Wedged, phase: Phase::Produce, open: false, refused: None });
+        return Err(TxnFailure::new(TxnError::Wedged, Phase::Produce, false, None));
     }
-    producer.begin_transaction().map_err(|error| TxnFailure {
-        error: error.into(),
-        phase: Phase::Produce,
-        open: false,
-        refused: None,
-    })?;
+    producer.context().begin();
+    producer.begin_transaction().map_err(|error| TxnFailure::new(error.into(), Phase::Produce, false, None))?;
     for (index, o) in outputs.iter().enumerate() {
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&o.topic).headers(o.headers.clone());
         if let Some(p) = o.partition {
@@ -196,14 +240,7 @@ pub(super) fn transact(
                     std::thread::sleep(Duration::from_millis(5));
                     pending = back;
                 }
-                Err((error, _)) => {
-                    return Err(TxnFailure {
-                        error: error.into(),
-                        phase: Phase::Produce,
-                        open: true,
-                        refused: Some(index),
-                    })
-                }
+                Err((error, _)) => return Err(TxnFailure::new(error.into(), Phase::Produce, true, Some(index))),
             }
         }
     }
@@ -231,80 +268,47 @@ pub(super) fn finish(
     phase: Phase,
 ) -> Result<(), TxnFailure> {
     if phase != Phase::Commit {
-        send_offsets(producer, offsets, group, spec.call_timeout).map_err(|error| TxnFailure {
-            error,
-            phase: Phase::SendOffsets,
-            open: true,
-            refused: None,
-        })?;
+        send_offsets(producer, offsets, group, spec.call_timeout)
+            .map_err(|error| TxnFailure::new(error, Phase::SendOffsets, true, None))?;
     }
     let left = await_deliveries(producer, spec.call_timeout);
-    producer.commit_transaction(left).map_err(|error| TxnFailure {
-        error: error.into(),
-        phase: Phase::Commit,
-        open: true,
-        refused: None,
-    })
+    producer.commit_transaction(left).map_err(|error| TxnFailure::new(error.into(), Phase::Commit, true, None))
 }
 
-/// `send_offsets_to_transaction`, on a thread of its own, waited for at most twice
-/// `timeout`. librdkafka (2.12; fixed upstream after its 2.15 release) does not enforce
-/// the call's timeout on the request to the group coordinator: when the broker it cached
-/// as coordinator has left the cluster's metadata (a broker restarted or taken down for a
-/// moment), the call waits for that broker's handle to change state, which it no longer
-/// does, and blocks until some other broker's state changes, if one ever does; every
-/// other transaction call of the producer is refused as conflicting meanwhile. Past the
-/// wait the producer is marked wedged and the call fails as [`TxnError::Wedged`]: the
-/// loop re-creates the producer (whose `init_transactions` fences this one and aborts its
-/// open transaction) and redoes what the committed offsets do not cover. The blocked
-/// thread keeps its handle on the old producer, freed when its call returns.
+/// `send_offsets_to_transaction` on the offsets thread ([`offsets`]), waited for at most
+/// twice `timeout`: librdkafka 2.12 may block in it for good. Past the wait the producer is
+/// marked wedged and the call fails as [`TxnError::Wedged`]: the loop re-creates the
+/// producer (whose `init_transactions` fences this one and aborts its open transaction),
+/// giving the call up, and redoes what the committed offsets do not cover.
 ///
 /// A healthy call can outlast the wait too (librdkafka checks the timeout only when an
-/// answer comes, and a request may take `socket.timeout.ms`): such a producer is given up
-/// all the same, which is safe (it is fenced) and costs a batch done again; its thread
-/// ends when the answer comes.
+/// answer comes, and a request may take `socket.timeout.ms`): such a producer is renewed
+/// all the same, which is safe (it is fenced) and costs a batch done again; a call that
+/// answered by then is not given up, and its thread serves on.
 fn send_offsets(
     producer: &TxnProducer,
     offsets: &TopicPartitionList,
     group: &Arc<ConsumerGroupMetadata>,
     timeout: Duration,
 ) -> Result<(), TxnError> {
-    const WAITING: u8 = 0;
-    const RETURNED: u8 = 1;
-    const ABANDONED: u8 = 2;
-    let (tx, rx) = mpsc::sync_channel(1);
-    let state = Arc::new(AtomicU8::new(WAITING));
     let (shared, offsets, group) = (Arc::clone(&producer.producer), offsets.clone(), Arc::clone(group));
-    let (returned, abandoned) = (Arc::clone(&state), producer.metrics.kafka_producers_abandoned.clone());
-    let spawned = std::thread::Builder::new().name("tally-txn-offsets".into()).spawn(move || {
-        let _ = tx.send(shared.send_offsets_to_transaction(&offsets, &group, timeout));
-        if returned.swap(RETURNED, Ordering::AcqRel) == ABANDONED {
-            abandoned.dec();
-            tracing::info!(pipeline = PIPELINE, "A wedged transactional producer's call returned; it is freed.");
-        }
-    });
-    if let Err(e) = spawned {
-        // Nothing was sent: the transaction is aborted and produced again.
-        tracing::warn!(pipeline = PIPELINE, error = %e, "Cannot start a thread to add the offsets to the transaction.");
-        return Err(TxnError::Kafka(KafkaError::Canceled));
-    }
     let limit = timeout.saturating_mul(2);
-    if let Ok(result) = rx.recv_timeout(limit) {
-        return result.map_err(TxnError::Kafka);
-    }
-    if state.compare_exchange(WAITING, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        // It returned just now: its result is in the channel.
-        return rx.recv().unwrap_or(Err(KafkaError::Canceled)).map_err(TxnError::Kafka);
+    let call = Box::new(move || shared.send_offsets_to_transaction(&offsets, &group, timeout));
+    let mut calls = producer.offsets.lock().unwrap_or_else(PoisonError::into_inner);
+    match calls.call(call, limit) {
+        Ok(result) => return result.map_err(TxnError::Kafka),
+        // An earlier call of this producer never came back: it is wedged already.
+        Err(NoAnswer::Busy) => {}
+        Err(NoAnswer::TimedOut) => {
+            producer.metrics.kafka_transactions_total.with_label_values(&["producer_wedged"]).inc();
+            tracing::error!(
+                pipeline = PIPELINE,
+                waited_ms = limit.as_millis() as u64,
+                "Adding the offsets to the transaction did not come back; the producer is wedged and is re-created."
+            );
+        }
     }
     producer.wedged.store(true, Ordering::Relaxed);
-    producer.metrics.kafka_producers_abandoned.inc();
-    producer.metrics.kafka_transactions_total.with_label_values(&["producer_wedged"]).inc();
-    tracing::error!(
-        pipeline = PIPELINE,
-        waited_ms = limit.as_millis() as u64,
-        "Adding the offsets to the transaction did not come back; the producer is given up as wedged and \
-         re-created."
-    );
     Err(TxnError::Wedged)
 }
 

@@ -281,6 +281,7 @@ async fn a_group_coordinator_leaving_the_cluster_costs_a_producer_not_the_stage(
     assert!(wedged >= 1.0, "the offsets call wedged a producer, which was given up ({wedged})");
     let abandoned = metric_value(&m, "tally_kafka_producers_abandoned").unwrap_or(0.0);
     assert!(abandoned <= wedged, "abandoned producers ({abandoned}) are the wedged ones still blocked");
+    assert!(abandoned <= 1.0, "at most one producer is given up at a time ({abandoned})");
 }
 
 const TOKEN: &str = "flow-token";

@@ -377,3 +377,62 @@ async fn poison_requests_do_not_stop_antifraud() {
     assert_eq!(balance_of(&app, "Z-B").await, 300);
     assert_ledger_ok(&app).await;
 }
+
+/// A topic the stage may not write costs the inputs bound for it, not the stage: with
+/// `transfers.rejected` refused as an ACL would (topic authorization failed, when the
+/// partition is added to a transaction or, once the producer's metadata says so, at once
+/// when the record is sent), a blocked transfer's input goes to the DLT, saying that its
+/// output was refused, and the transfers after it on the same partition settle. Its
+/// decision was stored once, and no decision of it reached the ledger. A refusal is no
+/// broker trouble: it is told from the failed deliveries (the first commit fails with a
+/// plain "message(s) failed delivery") and costs no backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_antifraud_may_not_write_costs_the_inputs_bound_for_it() {
+    use rdkafka::types::RDKafkaRespErr;
+    let (env, app) = spawn_app(|c| {
+        c.antifraud.retry.initial = std::time::Duration::from_millis(50);
+        c.antifraud.retry.max = std::time::Duration::from_millis(200);
+        // Metadata every second: the producer soon knows the topic is forbidden.
+        c.kafka.producer.insert("topic.metadata.refresh.interval.ms".into(), "1000".into());
+    })
+    .await;
+    create_account(&app, "ACL-A", 100_000_000, "BRL").await;
+    create_account(&app, "ACL-B", 0, "BRL").await;
+    let first = post_transfer(&app, "ACL-A", "ACL-B", 100).await;
+    assert_eq!(final_state(&app, first).await["status"], "SETTLED");
+    env.broker
+        .set_topic_error("transfers.rejected", RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED)
+        .expect("forbid transfers.rejected");
+    let mut blocked = Vec::new();
+    let mut ids = Vec::new();
+    for round in 0..3 {
+        blocked.push(post_transfer(&app, "ACL-A", "ACL-B", 20_000_000).await);
+        ids.push(post_transfer(&app, "ACL-A", "ACL-B", 200 + round).await);
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    }
+    for id in &ids {
+        assert_eq!(final_state(&app, *id).await["status"], "SETTLED", "{id}: the stage goes on");
+    }
+    assert_eq!(balance_of(&app, "ACL-B").await, 100 + 200 + 201 + 202);
+    let dlt = read_topic(env.bootstrap(), "transfers.requested-dlt", Deadline::secs(10)).await.expect("read DLT");
+    for id in &blocked {
+        let mine: Vec<_> = dlt.iter().filter(|r| r.payload_json()["transferId"] == json!(id)).collect();
+        assert!(!mine.is_empty(), "{id}: its input is in the DLT");
+        for r in mine {
+            assert_eq!(r.header("dlt-exception-kind"), Some("poison"));
+            let message = r.header("dlt-exception-message").unwrap_or_default();
+            assert!(message.contains("refused its output to transfers.rejected"), "{id}: {message}");
+        }
+        assert_eq!(decisions_of(&env.db, *id).await, 1, "{id} decided once");
+        let status = app.get(&format!("/transfers/{id}")).await.json::<serde_json::Value>().await.expect("json");
+        assert_eq!(status["status"], "PENDING", "{id}: no decision reached the ledger");
+    }
+    assert_eq!(env.db.count("dead_letters").await, 0, "the DLT took every refused input");
+    let metrics = app.metrics().await;
+    let waits = tally_integration_tests::metric_value(&metrics, r#"tally_retries_total{pipeline="antifraud"}"#);
+    assert_eq!(waits, Some(0.0), "no backoff for a refusal");
+    env.broker
+        .set_topic_error("transfers.rejected", RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
+        .expect("allow transfers.rejected");
+    assert_ledger_ok(&app).await;
+}

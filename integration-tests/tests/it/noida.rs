@@ -482,3 +482,114 @@ async fn topics_are_created_with_their_configs() {
     assert_eq!(value(1, "retention.ms").as_deref(), Some("-1"), "the per-topic override");
     app.stop().await;
 }
+
+/// An output the broker refuses costs its own input, not the stage. Here the broker
+/// refuses by size: `transfers.rejected` takes no record as large as a `TransferRejected`
+/// (a topic's `max.message.bytes` below the producer's `message.max.bytes`: the producer
+/// sends the record, the broker refuses it and the transaction must be aborted), and the
+/// DLT takes no dead letter of 100,000 random bytes. The blocked transfer's input goes to
+/// the DLT, saying that the broker refused its output; the undecodable record, which the
+/// DLT refuses too, goes to the `dead_letters` table; every other transfer, before and
+/// after them on their partitions, is decided once and settles. Seen failing before: the
+/// transaction holding the refused output was aborted and produced again for good, and
+/// nothing after it was decided.
+///
+/// The ledger starts (in a second daemon) once every decision is visible, as in the
+/// fencing test: a noida-db read_committed consumer waiting at a transaction that is then
+/// aborted does not read on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_the_broker_refuses_costs_its_input_not_the_stage() {
+    let _turn = DAEMONS.lock().await;
+    let broker = NoidaBroker::start();
+    let db = TestDb::new().await;
+    let app = noida::spawn(&db, &broker, |c| {
+        c.antifraud.retry.initial = Duration::from_millis(50);
+        c.antifraud.retry.max = Duration::from_millis(200);
+        c.pipelines.ledger = false;
+        c.pipelines.projection = false;
+        let limit = |bytes: &str| [("max.message.bytes".to_owned(), bytes.to_owned())].into();
+        c.kafka.topic_configs.insert("transfers.rejected".into(), limit("200"));
+        c.kafka.topic_configs.insert("transfers.requested-dlt".into(), limit("50000"));
+    })
+    .await;
+    let sources = ["R-A0", "R-A1", "R-A2"];
+    for source in sources {
+        create_account(&app, source, 100_000_000, "BRL").await;
+    }
+    create_account(&app, "R-B", 0, "BRL").await;
+    let mut ids = Vec::new();
+    for (i, source) in sources.iter().cycle().take(6).enumerate() {
+        ids.push(post_transfer(&app, source, "R-B", 100 + i as i64).await);
+    }
+    let blocked = post_transfer(&app, "R-A0", "R-B", 20_000_000).await;
+    let p = tally_integration_tests::producer(&broker.bootstrap());
+    let noise: Vec<u8> = (0..6_250).flat_map(|_| *Uuid::new_v4().as_bytes()).collect();
+    let (partition, offset) =
+        tally_integration_tests::produce(&p, "transfers.requested", None, "R-A1", &noise, &[]).await;
+    for (i, source) in sources.iter().cycle().take(6).enumerate() {
+        ids.push(post_transfer(&app, source, "R-B", 200 + i as i64).await);
+    }
+    let started = Instant::now();
+    while decisions_seen_within(&broker.bootstrap(), Duration::from_millis(300)).len() < ids.len()
+        && started.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_one_decision_each(&broker.bootstrap(), &ids);
+    let ledger = noida::spawn(&db, &broker, |c| run_only(c, &["ledger", "projection"])).await;
+    for id in &ids {
+        assert_eq!(final_state(&app, *id).await["status"], "SETTLED", "{id}");
+    }
+    let expected: i64 = (0..6).map(|i| 300 + 2 * i).sum();
+    assert_eq!(tally_integration_tests::balance_of(&app, "R-B").await, expected);
+
+    // The blocked transfer: decided once (stored), never published, its input in the DLT.
+    let status = app.get(&format!("/transfers/{blocked}")).await.json::<serde_json::Value>().await.expect("json");
+    assert_eq!(status["status"], "PENDING", "no decision of {blocked} reached the ledger");
+    let stored = db
+        .query("SELECT outcome FROM antifraud_decisions WHERE transfer_id = $1", &[&blocked])
+        .await
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>();
+    assert_eq!(stored, vec!["BLOCKED".to_owned()], "decided once");
+    let seen = decisions_seen(&broker.bootstrap());
+    assert!(!seen.contains_key(&blocked.to_string()), "no decision of {blocked} committed: {seen:?}");
+    let dlt = noida::read_committed(
+        &broker.bootstrap(),
+        "transfers.requested-dlt",
+        Duration::from_secs(3),
+        Duration::from_secs(30),
+    );
+    let dead: Vec<_> = dlt
+        .iter()
+        .map(|r| (r.payload_json()["transferId"].as_str().unwrap_or_default().to_owned(), r.clone()))
+        .collect();
+    assert_eq!(dead.len(), 1, "the blocked transfer's input, once: {dead:?}");
+    let (id, record) = &dead[0];
+    assert_eq!(id, &blocked.to_string());
+    assert_eq!(record.header("dlt-exception-kind"), Some("poison"));
+    assert_eq!(record.header("dlt-original-topic"), Some("transfers.requested"));
+    let message = record.header("dlt-exception-message").unwrap_or_default();
+    assert!(
+        message.contains("refused") && message.contains("transfers.rejected"),
+        "the message says the broker refused its output: {message}"
+    );
+
+    // The undecodable record: the DLT refused it too.
+    let rows = db
+        .query(
+            "SELECT original_partition, original_offset, exception_kind, octet_length(payload), dlt_error \
+             FROM dead_letters",
+            &[],
+        )
+        .await;
+    let rows: Vec<(i32, i64, String, i32, String)> =
+        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!((rows[0].0, rows[0].1, rows[0].2.as_str(), rows[0].3), (partition, offset, "poison", 100_000));
+    assert!(rows[0].4.contains("too large"), "the DLT's refusal: {}", rows[0].4);
+    assert_ledger_ok(&app).await;
+    ledger.stop().await;
+    app.stop().await;
+}
