@@ -380,10 +380,13 @@ pub async fn template(admin_url: &str) -> String {
                     .await
                     .expect("name the template");
                 // Templates of other migration sets are left over from earlier checkouts:
-                // drop them, unless a run of such a checkout is copying one right now.
+                // drop all but the three newest (by oid), which another checkout on this
+                // machine may be testing with right now (dropped under it, its next test
+                // database could not be copied).
                 let others = admin
                     .query(
-                        "SELECT datname FROM pg_database WHERE datname LIKE 'tally\\_template\\_%' AND datname <> $1",
+                        "SELECT datname FROM pg_database WHERE datname LIKE 'tally\\_template\\_%' AND datname <> $1 \
+                         ORDER BY oid DESC OFFSET 3",
                         &[&name],
                     )
                     .await

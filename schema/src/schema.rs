@@ -56,7 +56,7 @@ diesel::table! {
 
 diesel::table! {
     heartbeats (stage) {
-        #[max_length = 64]
+        #[max_length = 255]
         stage -> Varchar,
         beat_at -> Timestamptz,
     }

@@ -451,7 +451,7 @@ fn gather(consumer: &BaseConsumer<AntifraudContext>, spec: &AntifraudSpec) -> Ve
                 let crashes = &consumer.context().crashes;
                 let at = (m.topic().to_owned(), m.partition(), m.offset());
                 let record = match crashes.poison_pill(&at) {
-                    Some(defect) => Record { defect: Some(defect), ..Record::bare(&m) },
+                    Some(defect) => Record { defect: Some(defect), ..Record::from_message(&m) },
                     None => {
                         crashes.hold(Some(at));
                         let record = Record::from_message(&m);

@@ -26,7 +26,8 @@ pub(super) fn drive(
     control: &std::sync::mpsc::Receiver<Control>,
 ) -> Result<(), String> {
     let name = shared.spec.name.clone();
-    let mut paused_all = false;
+    // An admin pause outlives a restart of the stage.
+    let mut paused_all = shared.admin_paused();
     let mut last_gauges = Instant::now();
     let mut last_passivation = Instant::now();
     let mut last_lag = Instant::now();
@@ -81,7 +82,8 @@ pub(super) fn drive(
                 let at = (message.topic().to_owned(), message.partition(), message.offset());
                 // A record that crashed this stage twice is not decoded a third time.
                 let record = match shared.crashes.poison_pill(&at) {
-                    Some(defect) => Record { defect: Some(defect), ..Record::bare(&message) },
+                    // Decoding is total; its headers say where a retry record came from.
+                    Some(defect) => Record { defect: Some(defect), ..Record::from_message(&message) },
                     None => {
                         shared.crashes.hold(Some(at));
                         let record = Record::from_message(&message);

@@ -51,8 +51,7 @@ impl Record {
     }
 
     /// `m` without its headers: what can be read of any record without interpreting it.
-    #[must_use]
-    pub fn bare(m: &BorrowedMessage<'_>) -> Self {
+    fn bare(m: &BorrowedMessage<'_>) -> Self {
         Self {
             topic: m.topic().to_owned(),
             partition: m.partition(),

@@ -14,7 +14,7 @@ use tracing::{error, info, warn};
 
 use super::assignment::{DriverContext, DriverState, TopicPartition};
 use super::driver::drive;
-use super::Control;
+use super::{Control, Release};
 use crate::supervise::restart::{give_up, panic_message, MAX_START_FAILURES};
 
 /// A consumer of the pipeline's group, subscribed to its topics.
@@ -73,8 +73,12 @@ pub(super) fn supervised(first: BaseConsumer<DriverContext>, shared: &Arc<Driver
             drop(consumer);
         }));
         if released.is_err() {
-            // Whatever was not committed is redelivered to the partition's next owner.
-            shared.slots().clear();
+            // Whatever was not committed is redelivered to the partition's next owner; the
+            // old partition consumers do nothing more for it.
+            for (_, slot) in shared.slots().drain() {
+                slot.lease.revoke();
+                slot.addr.do_send(Release);
+            }
             warn!(pipeline = %name, "The crashed stage's partitions could not be released cleanly.");
         }
         if serve_until_stop(shared, control, Some(wait)) {

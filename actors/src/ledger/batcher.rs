@@ -93,6 +93,10 @@ impl Settler for BatchSettler {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlushPolicy {
     max_batch: usize,
+    /// The size batches start at now: halved after a batch failed on a timeout or another
+    /// transient error (its transfers come back together after the same backoff and would
+    /// form the same slow batch again), doubled back after each batch that committed.
+    cap: usize,
     max_concurrent: usize,
     running: usize,
     pending: usize,
@@ -115,6 +119,7 @@ impl FlushPolicy {
     pub fn new(max_batch: usize, max_concurrent: usize) -> Self {
         Self {
             max_batch: max_batch.max(1),
+            cap: max_batch.max(1),
             max_concurrent: max_concurrent.max(1),
             running: 0,
             pending: 0,
@@ -146,15 +151,21 @@ impl FlushPolicy {
         if self.running >= self.max_concurrent || self.pending == 0 {
             return None;
         }
-        let take = self.pending.min(self.max_batch);
+        let take = self.pending.min(self.cap);
         self.pending -= take;
         self.running += 1;
         Some(take)
     }
 
-    /// A batch finished.
-    pub fn on_batch_done(&mut self) {
+    /// A batch of `size` finished; `transient` when it failed on a transient error.
+    pub fn on_batch_done(&mut self, size: usize, transient: bool) {
         self.running = self.running.saturating_sub(1);
+        self.cap = match (transient, size) {
+            // One transfer alone says nothing about the size of the next batch.
+            (true, 0 | 1) => self.cap,
+            (true, size) => (size / 2).clamp(1, self.max_batch),
+            (false, _) => (self.cap * 2).min(self.max_batch),
+        };
     }
 }
 
@@ -188,14 +199,17 @@ impl SettlementBatcher {
             let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
             self.metrics.settlement_batch_size.observe(requests.len() as f64);
             let (pool, topics, settler) = (self.pool.clone(), self.topics.clone(), Arc::clone(&self.settler));
+            let size = requests.len();
             let work = async move {
                 let results = settle_with_split(pool, topics, settler, requests).await;
+                let transient = results.iter().any(|r| r.as_ref().is_err_and(|e| e.class() == ErrorClass::Transient));
                 for (reply, result) in replies.into_iter().zip(results) {
                     let _ = reply.send(result);
                 }
+                transient
             };
-            ctx.spawn(work.into_actor(self).map(|(), act, ctx| {
-                act.policy.on_batch_done();
+            ctx.spawn(work.into_actor(self).map(move |transient, act, ctx| {
+                act.policy.on_batch_done(size, transient);
                 act.flush(ctx);
             }));
         }
@@ -325,7 +339,7 @@ mod tests {
         assert_eq!(p.next_batch(), None, "the only slot is taken");
         assert_eq!(p.on_request(), OnRequest::FlushNow, "a full batch waits");
         assert_eq!(p.next_batch(), None, "still no free slot");
-        p.on_batch_done();
+        p.on_batch_done(1, false);
         assert_eq!(p.next_batch(), Some(3), "the slot freed: the three waiting go together");
         p.on_linger();
         assert_eq!(p.on_request(), OnRequest::FlushLater, "the linger fired, so a new one is scheduled");
@@ -338,9 +352,33 @@ mod tests {
             let _ = p.on_request();
         }
         assert_eq!((p.next_batch(), p.next_batch(), p.next_batch()), (Some(2), Some(2), None));
-        p.on_batch_done();
-        p.on_batch_done();
+        p.on_batch_done(1, false);
+        p.on_batch_done(1, false);
         assert_eq!((p.next_batch(), p.next_batch(), p.next_batch()), (Some(2), Some(1), None));
+    }
+
+    #[test]
+    fn a_batch_that_failed_transiently_halves_the_next_and_commits_restore_it() {
+        let mut p = FlushPolicy::new(500, 1);
+        for _ in 0..600 {
+            p.on_request();
+        }
+        assert_eq!(p.next_batch(), Some(500));
+        p.on_batch_done(500, true);
+        assert_eq!(p.next_batch(), Some(100), "the rest, below the halved cap");
+        p.on_batch_done(100, true);
+        for _ in 0..400 {
+            p.on_request();
+        }
+        assert_eq!(p.next_batch(), Some(50), "halved again: not the same slow batch");
+        p.on_batch_done(50, false);
+        assert_eq!(p.next_batch(), Some(100), "doubled after a commit");
+        p.on_batch_done(100, false);
+        assert_eq!(p.next_batch(), Some(200), "doubled again, up to the configured size");
+        p.on_batch_done(2, true);
+        assert_eq!(p.next_batch(), Some(1), "at least one");
+        p.on_batch_done(1, true);
+        assert_eq!(p.next_batch(), Some(1), "a single transfer that failed leaves the size as it was");
     }
 
     #[test]

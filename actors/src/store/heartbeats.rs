@@ -15,17 +15,23 @@ struct Mode {
     read_only: String,
 }
 
-/// Why the database cannot take `stage`'s writes, or `Ok` when it just took one.
+/// Why the database cannot take `stage`'s writes, or `Ok` when it just took one (or when
+/// the probe itself failed for a reason that says nothing about the database being down:
+/// a missing table, a permission, a lock; then the record is blamed as before).
 ///
 /// # Errors
-/// The reason, in words: in recovery, read-only, or the error of the probe's own write.
+/// The reason, in words: in recovery, read-only, or an error of the probe's own statements
+/// that marks the database unavailable (connection lost, read-only, disk full).
 pub async fn probe(conn: &mut AsyncPgConnection, stage: &str) -> Result<(), String> {
-    let mode = diesel::sql_query(
+    let mode = match diesel::sql_query(
         "SELECT pg_is_in_recovery() AS in_recovery, current_setting('transaction_read_only') AS read_only",
     )
     .get_result::<Mode>(conn)
     .await
-    .map_err(|e| format!("the database does not answer: {e}"))?;
+    {
+        Ok(mode) => mode,
+        Err(e) => return down_or_inconclusive("the database does not answer", &e),
+    };
     if mode.in_recovery {
         return Err("the database is in recovery (a standby)".into());
     }
@@ -39,6 +45,17 @@ pub async fn probe(conn: &mut AsyncPgConnection, stage: &str) -> Result<(), Stri
     .bind::<Text, _>(stage)
     .execute(conn)
     .await
-    .map(drop)
-    .map_err(|e| format!("the database refuses a write: {e}"))
+    .map_or_else(|e| down_or_inconclusive("the database refuses a write", &e), |_| Ok(()))
+}
+
+/// A failed probe statement: the database is down when the error says so; anything else
+/// is no evidence either way.
+fn down_or_inconclusive(what: &str, e: &diesel::result::Error) -> Result<(), String> {
+    use crate::supervise::{Classify, ErrorClass};
+    if e.class() == ErrorClass::Unavailable {
+        Err(format!("{what}: {e}"))
+    } else {
+        tracing::debug!(error = %e, "The dependency probe could not tell; the record is blamed.");
+        Ok(())
+    }
 }

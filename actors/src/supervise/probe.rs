@@ -42,6 +42,8 @@ impl DependencyProbe {
         }
         let result = match self.pool.get().await {
             Ok(mut conn) => crate::store::heartbeats::probe(&mut conn, &self.stage).await,
+            // Every connection busy (a backlog, not an outage): no evidence either way.
+            Err(deadpool::managed::PoolError::Timeout(deadpool::managed::TimeoutType::Wait)) => Ok(()),
             Err(e) => Err(format!("no database connection: {e}")),
         };
         *last = Some((Instant::now(), result.clone()));
