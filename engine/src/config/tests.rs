@@ -1,0 +1,221 @@
+//! Unit tests of the configuration: layering, validation, redaction.
+
+use super::*;
+
+fn with(toml: &str) -> Result<Config, ConfigError> {
+    let figment = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml));
+    Config::from_figment(&figment)
+}
+
+#[test]
+fn group_commit_sizes_are_validated_with_the_key_named() {
+    let c = with("[http]\nintake_batch_max = 1\nintake_writers = 16\n[projection]\nbatch_max = 1").unwrap();
+    assert_eq!((c.http.intake_batch_max, c.http.intake_writers, c.projection.batch_max), (1, 16, 1));
+    for (toml, key) in [
+        ("[http]\nintake_batch_max = 0", "http.intake_batch_max"),
+        ("[http]\nintake_writers = 0", "http.intake_writers"),
+        ("[projection]\nbatch_max = 0", "projection.batch_max"),
+        ("[projection]\nwriters = 65", "projection.writers"),
+    ] {
+        let e = with(toml).unwrap_err().to_string();
+        assert!(e.contains(key), "{toml}: {e}");
+    }
+}
+
+#[test]
+fn consumers_on_the_embedded_broker_wait_less_for_empty_fetches() {
+    let wait =
+        |c: &Config| c.kafka.clients("b:9092").group_consumer("ledger").get("fetch.wait.max.ms").map(str::to_owned);
+    let embedded = with("").unwrap();
+    assert_eq!(wait(&embedded).as_deref(), Some("5"));
+    let external = with("[kafka]\nbrokers = \"k1:9092\"").unwrap();
+    assert_eq!(wait(&external).as_deref(), Some("25"), "a Kafka broker answers as soon as records arrive");
+    let chosen = with("[kafka.consumer]\n\"fetch.wait.max.ms\" = \"40\"").unwrap();
+    assert_eq!(wait(&chosen).as_deref(), Some("40"), "the operator's word");
+}
+
+#[test]
+fn defaults_are_valid_and_match_design() {
+    let c = with("").unwrap();
+    assert_eq!(c.http.intake_addr.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.http.admin_addr.to_string(), "127.0.0.1:9090");
+    assert_eq!(c.database.url.expose(), "postgres://postgres@127.0.0.1:5432/tally");
+    assert!(c.kafka.is_embedded());
+    assert_eq!(c.kafka.partitions, 12);
+}
+
+#[test]
+fn durations_keep_their_unit_in_the_key() {
+    let c = with("[outbox]\npoll_interval_ms = 250\nretention_secs = 90\n[ledger.retry]\ninitial_ms = 7").unwrap();
+    assert_eq!(c.outbox.poll_interval, Duration::from_millis(250));
+    assert_eq!(c.outbox.retention, Duration::from_secs(90));
+    assert_eq!(c.ledger.retry.initial, Duration::from_millis(7));
+    let shown = c.to_redacted_toml();
+    assert!(shown.contains("poll_interval_ms = 250") && shown.contains("retention_secs = 90"), "{shown}");
+    let e = with("[outbox]\npoll_interval_ms = \"1s\"").unwrap_err().to_string();
+    assert!(e.contains("poll_interval_ms"), "{e}");
+    let e = with("[outbox]\npoll_interval = 250").unwrap_err().to_string();
+    assert!(e.contains("poll_interval"), "the field's Rust name is not a key: {e}");
+}
+
+#[test]
+fn defaults_have_one_source() {
+    let c = Config::default();
+    let policy = tally_actors::supervise::RetryPolicy::default();
+    assert_eq!(c.ledger.retry.policy(), policy);
+    let rules = tally_actors::antifraud::RiskRules::default();
+    assert_eq!((c.antifraud.base_score, &c.antifraud.amount_tiers), (rules.base, &rules.amount_tiers));
+    assert_eq!(c.antifraud.velocity_window, rules.velocity_window);
+}
+
+#[test]
+fn errors_name_the_key() {
+    let e = with("[database]\npool_size = 0").unwrap_err().to_string();
+    assert!(e.contains("database.pool_size"), "{e}");
+    let e = with("[outbox]\nbatch_size = \"many\"").unwrap_err().to_string();
+    assert!(e.contains("batch_size"), "{e}");
+    let e = with("[http]\nintake_adr = \"127.0.0.1:1\"").unwrap_err().to_string();
+    assert!(e.contains("intake_adr"), "{e}");
+    let e = with("[consumer]\ndrain_timeout_ms = 0").unwrap_err().to_string();
+    assert!(e.contains("consumer.drain_timeout_ms"), "{e}");
+    let e = with("[database]\nurl = \"mysql://x\"").unwrap_err().to_string();
+    assert!(e.contains("database.url"), "{e}");
+}
+
+#[test]
+fn the_uncommitted_window_is_validated_against_max_in_flight() {
+    let c = with("").unwrap();
+    assert_eq!(c.consumer.max_uncommitted, 10_000);
+    let e = with("[consumer]\nmax_in_flight = 64\nmax_uncommitted = 63").unwrap_err().to_string();
+    assert!(e.contains("consumer.max_uncommitted") && e.contains("consumer.max_in_flight"), "{e}");
+    assert!(with("[consumer]\nmax_in_flight = 64\nmax_uncommitted = 64").is_ok());
+}
+
+#[test]
+fn a_transaction_call_waits_at_most_the_transaction_timeout() {
+    let e = with("[antifraud]\ntransaction_timeout_ms = 2000\ncall_timeout_ms = 2001").unwrap_err().to_string();
+    assert!(e.contains("antifraud.call_timeout_ms"), "{e}");
+    assert!(with("[antifraud]\ncall_timeout_ms = 0").is_err());
+    assert!(with("[antifraud]\ntransaction_timeout_ms = 2000\ncall_timeout_ms = 2000").is_ok());
+}
+
+#[test]
+fn orders_pipeline_is_on_by_default_and_validated() {
+    let c = with("").unwrap();
+    assert!(c.pipelines.orders);
+    assert_eq!(c.orders.group_id, "tally-orders");
+    assert_eq!(c.orders.retry.max_retries, 5);
+    let c = with("[pipelines]\norders = false\n[orders]\ngroup_id = \"g\"\n[orders.retry]\nmax_retries = 2").unwrap();
+    assert!(!c.pipelines.orders);
+    assert_eq!((c.orders.group_id.as_str(), c.orders.retry.max_retries), ("g", 2));
+    let e = with("[orders]\ngroup_id = \" \"").unwrap_err().to_string();
+    assert!(e.contains("orders.group_id"), "{e}");
+    let e = with("[orders]\ngroup_id = \"tally-ledger\"").unwrap_err().to_string();
+    assert!(e.contains("orders.group_id"), "{e}");
+    let e = with("[orders.retry]\ninitial_ms = 0").unwrap_err().to_string();
+    assert!(e.contains("orders.retry"), "{e}");
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure type, not ours
+fn environment_overrides_file() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("tally.toml", "[outbox]\nbatch_size = 7\n[kafka]\nbrokers = \"a:1\"")?;
+        jail.set_env("TALLY__OUTBOX__BATCH_SIZE", "9");
+        jail.set_env("TALLY__HTTP__ADMIN_TOKEN", "s3cret");
+        jail.set_env("TALLY__TELEMETRY__OTLP_ENDPOINT", "http://collector:4318");
+        let c = Config::load(Some(Path::new("tally.toml"))).map_err(|e| e.to_string())?;
+        assert_eq!(c.outbox.batch_size, 9);
+        assert_eq!(c.telemetry.traces_url().as_deref(), Some("http://collector:4318/v1/traces"));
+        assert_eq!(c.kafka.brokers, "a:1");
+        assert_eq!(c.http.admin_token.expose(), "s3cret");
+        Ok(())
+    });
+}
+
+#[test]
+fn secrets_never_print() {
+    let mut c = Config::default();
+    c.http.admin_token = Secret::new("s3cret-token");
+    c.database.url = SecretUrl::new("postgres://app:hunter2@db:5432/tally?sslmode=require&password=hunter3");
+    c.notifications.webhook_secret = Secret::new("s3cret-hook");
+    c.notifications.webhook_url =
+        SecretUrl::new("http://hook-user:hunter4@hooks.example:8080/pay?token=hunter5&Signature=hunter6&x=1");
+    c.kafka.producer.insert("sasl.password".into(), "s3cret-sasl".into());
+    c.kafka.consumer.insert("ssl.key.pem".into(), "s3cret-pem".into());
+    c.kafka.producer.insert("linger.ms".into(), "7".into());
+    let shown = c.to_redacted_toml();
+    let debug = format!("{c:?}");
+    for secret in ["s3cret", "hunter"] {
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(!debug.contains(secret), "{debug}");
+    }
+    assert!(shown.contains("postgres://app:<redacted>@db:5432/tally?sslmode=require&password=<redacted>"), "{shown}");
+    assert!(
+        shown.contains(
+            "webhook_url = \"http://hook-user:<redacted>@hooks.example:8080/pay?token=<redacted>&Signature=<redacted>&x=1\""
+        ),
+        "{shown}"
+    );
+    assert!(shown.contains("\"linger.ms\" = \"7\""), "{shown}");
+    assert_eq!(c.notifications.webhook_secret.to_string(), "<redacted>");
+    assert_eq!(Secret::default().to_string(), "", "an unset secret shows as unset");
+}
+
+#[test]
+fn defaults_survive_the_redacting_serialisation() {
+    // Figment layers the defaults through `Serialize`: an unset secret stays unset and a
+    // URL without a password stays usable.
+    let c = with("").unwrap();
+    assert!(c.http.admin_token.is_empty());
+    assert_eq!(c.database.url.expose(), "postgres://postgres@127.0.0.1:5432/tally");
+}
+
+#[test]
+fn the_body_limit_must_fit_a_record() {
+    let e = with("[http]\nbody_limit_bytes = 2000000").unwrap_err().to_string();
+    assert!(e.contains("http.body_limit_bytes") && e.contains("message.max.bytes"), "{e}");
+    with("[http]\nbody_limit_bytes = 2000000\n[kafka.producer]\n\"message.max.bytes\" = \"3000000\"").unwrap();
+    let e = with("[kafka.producer]\n\"message.max.bytes\" = \"lots\"").unwrap_err().to_string();
+    assert!(e.contains("kafka.producer"), "{e}");
+}
+
+#[test]
+fn traces_are_off_by_default_and_the_endpoint_is_validated() {
+    let c = with("").unwrap();
+    assert_eq!((c.telemetry.otlp_endpoint.as_deref(), c.telemetry.service_name.as_str()), (None, "tally"));
+    assert!(c.to_redacted_toml().contains("otlp_endpoint = \"\""), "tally config shows the key");
+    assert_eq!(with("[telemetry]\notlp_endpoint = \" \"").unwrap().telemetry.otlp_endpoint, None);
+    let c = with("[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318/\"\nservice_name = \"pay\"").unwrap();
+    assert_eq!(c.telemetry.traces_url().as_deref(), Some("http://127.0.0.1:4318/v1/traces"));
+    assert_eq!(c.telemetry.service_name, "pay");
+    let shown = c.to_redacted_toml();
+    assert!(shown.contains("otlp_endpoint = \"http://127.0.0.1:4318/\""), "{shown}");
+    for bad in ["127.0.0.1:4318", "https://collector:4318", "http://c:4318/v1/traces", "http://c:4318?x=1", "nope"] {
+        let e = with(&format!("[telemetry]\notlp_endpoint = \"{bad}\"")).unwrap_err().to_string();
+        assert!(e.contains("telemetry.otlp_endpoint"), "{bad}: {e}");
+    }
+    let e = with("[telemetry]\nservice_name = \"\"").unwrap_err().to_string();
+    assert!(e.contains("telemetry.service_name"), "{e}");
+}
+
+#[test]
+fn an_https_webhook_is_refused_at_start_not_dead_lettered_later() {
+    let secret = "webhook_secret = \"s\"";
+    with(&format!("[notifications]\nwebhook_url = \"http://127.0.0.1:9/hook\"\n{secret}")).unwrap();
+    for bad in ["https://hooks.example/pay", "ftp://x", "hooks.example"] {
+        let e = with(&format!("[notifications]\nwebhook_url = \"{bad}\"\n{secret}")).unwrap_err().to_string();
+        assert!(e.contains("notifications.webhook_url"), "{bad}: {e}");
+    }
+    let e = with(&format!("[notifications]\nwebhook_url = \"https://h/p\"\n{secret}")).unwrap_err().to_string();
+    assert!(e.contains("no TLS client"), "{e}");
+}
+
+#[test]
+fn topic_configs_name_known_topics() {
+    with("[kafka.topic_configs.\"transfers.requested-dlt\"]\n\"retention.ms\" = \"-1\"").unwrap();
+    let e = with("[kafka.topic_configs.\"nope\"]\n\"retention.ms\" = \"1\"").unwrap_err().to_string();
+    assert!(e.contains("kafka.topic_configs") && e.contains("nope"), "{e}");
+    let e = with("[kafka]\nretention_ms = 5").unwrap_err().to_string();
+    assert!(e.contains("kafka.retention_ms"), "{e}");
+}
