@@ -142,6 +142,13 @@ pub fn plan_batch(
                 effects.settle(topics, req)?;
                 outcomes.push(SettleOutcome::Settled);
             }
+            // Its outcome was published already (antifraud blocked it, or it is no longer
+            // PENDING): the refusal is recorded in the inbox, and no second outcome event
+            // tells its client "rejected" again.
+            Err(reason) if outcome_published(known, t) => {
+                effects.outcome(t.transfer_id, status::REJECTED, Some(reason));
+                outcomes.push(SettleOutcome::Rejected(reason));
+            }
             Err(reason) => {
                 effects.reject(topics, req, reason)?;
                 outcomes.push(SettleOutcome::Rejected(reason));
@@ -149,6 +156,13 @@ pub fn plan_batch(
         }
     }
     Ok(Plan { outcomes, effects, accounts, opening })
+}
+
+/// Whether an outcome of `t` was published before this event reached the ledger:
+/// antifraud's rejection of a blocked transfer, or the one that moved its status on from
+/// PENDING.
+fn outcome_published(known: &HashMap<Uuid, KnownTransfer>, t: &TransferAnalyzed) -> bool {
+    known.get(&t.transfer_id).is_some_and(|k| k.blocked || k.status.as_deref().is_some_and(|s| s != status::PENDING))
 }
 
 /// Whether what is known allows settling `t`: never a transfer antifraud blocked (its
@@ -282,6 +296,28 @@ mod tests {
             Err(BLOCKED_BY_ANTIFRAUD),
             "blocked, though the intake never saw it or its rejection is not projected yet"
         );
+    }
+
+    #[test]
+    fn a_transfer_whose_outcome_was_published_is_refused_without_a_second_event() {
+        let accounts: HashMap<_, _> = [account("A", 100, "BRL"), account("B", 0, "BRL")].into();
+        let t = transfer("A", "B", 10, "BRL");
+        let fresh = HashSet::from([t.transfer_id]);
+        let known_as = |k: KnownTransfer| HashMap::from([(t.transfer_id, k)]);
+        let blocked = KnownTransfer { id: t.transfer_id, blocked: true, ..KnownTransfer::default() };
+        let rejected = KnownTransfer { id: t.transfer_id, status: Some("REJECTED".into()), ..KnownTransfer::default() };
+        for (known, reason) in
+            [(known_as(blocked), BLOCKED_BY_ANTIFRAUD), (known_as(rejected), reason::TRANSFER_NOT_PENDING)]
+        {
+            let plan = plan_batch(&[req(&t)], &fresh, &known, accounts.clone(), &topics()).unwrap();
+            assert_eq!(plan.outcomes, [SettleOutcome::Rejected(reason)]);
+            assert_eq!(plan.effects.outcomes.transfer_id, [t.transfer_id], "the inbox records the refusal");
+            assert!(plan.effects.events.id.is_empty(), "{reason}: no second outcome event");
+        }
+        // A refusal of the ledger's own still tells the client.
+        let poor: HashMap<_, _> = [account("A", 1, "BRL"), account("B", 0, "BRL")].into();
+        let plan = plan_batch(&[req(&t)], &fresh, &HashMap::new(), poor, &topics()).unwrap();
+        assert_eq!(plan.effects.events.id.len(), 1, "INSUFFICIENT_FUNDS is published");
     }
 
     fn topics() -> LedgerTopics {

@@ -553,3 +553,66 @@ fn a_revoked_lease_prevents_the_webhook_post_and_the_retry_write() {
         assert!(error.message.contains("revoked"), "stopped by the lease check: {error}");
     });
 }
+
+/// A transfer antifraud blocked has its outcome published once. A `TransferAnalyzed` for it
+/// that reaches the ledger anyway (a replay, a forged record) is refused there without a
+/// second outcome event, so the client is told "rejected" once, under one event id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_refused_again_by_the_ledger_is_notified_once() {
+    let receiver = WebhookReceiver::start(|_, _| 200).await;
+    let (env, app) = spawn_app(notify_config(&receiver.url)).await;
+    for (id, balance) in [("W-R1", 100_000_000), ("W-R2", 0)] {
+        let res =
+            app.post_json("/accounts", &json!({ "id": id, "currency": "BRL", "initialBalanceCents": balance })).await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+    }
+    let request =
+        json!({ "sourceAccount": "W-R1", "destinationAccount": "W-R2", "amountCents": 10_000_000, "currency": "BRL" });
+    let res = app.post_json("/transfers", &request).await;
+    let transfer = json_body(res).await;
+    let id: Uuid = serde_json::from_value(transfer["id"].clone()).expect("transfer id");
+    let notified = |receiver: &WebhookReceiver| {
+        receiver
+            .calls()
+            .into_iter()
+            .filter(|c| c.status == 200 && String::from_utf8_lossy(&c.body).contains(&id.to_string()))
+            .count()
+    };
+    wait_until("the blocked transfer is notified", Deadline::DEFAULT, || async {
+        match notified(&receiver) {
+            0 => Err("not yet".to_owned()),
+            n => Ok(n),
+        }
+    })
+    .await;
+
+    // The same transfer, analyzed after all, straight to the ledger's topic.
+    let event = json!({
+        "eventId": Uuid::new_v4(), "transferId": id, "sourceAccount": "W-R1", "destinationAccount": "W-R2",
+        "amountCents": 10_000_000, "currency": "BRL", "score": 10, "analyzedAt": "2026-11-30T00:00:00Z",
+    });
+    tally_integration_tests::produce(
+        &producer(env.bootstrap()),
+        "transfers.analyzed",
+        None,
+        "W-R1",
+        event.to_string().as_bytes(),
+        &[("event-type", "TransferAnalyzed")],
+    )
+    .await;
+    wait_until("the ledger refused it", Deadline::DEFAULT, || async {
+        let n = env.db.scalar_i64("SELECT count(*) FROM processed_transfers WHERE transfer_id = $1", &[&id]).await;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(format!("{n} inbox rows"))
+        }
+    })
+    .await;
+    env.db.wait_outbox_published().await;
+    let rejected = read_topic(env.bootstrap(), "transfers.rejected", Deadline::secs(10)).await.expect("read");
+    let outcomes: Vec<_> = rejected.iter().filter(|r| r.payload_json()["transferId"] == json!(id)).collect();
+    assert_eq!(outcomes.len(), 1, "one TransferRejected for the transfer: {outcomes:?}");
+    assert_eq!(env.db.scalar_i64("SELECT count(*) FROM postings WHERE transfer_id = $1", &[&id]).await, 0);
+    assert_eq!(notified(&receiver), 1, "notified once");
+}
