@@ -53,7 +53,12 @@ enum Command {
         listen: SocketAddr,
     },
     /// Print the effective configuration as TOML, secrets redacted.
-    Config,
+    Config {
+        /// Print the commented example configuration instead: every key with its default
+        /// (what `deploy/tally.toml` holds); reads no configuration.
+        #[arg(long)]
+        example: bool,
+    },
     /// Summarise a running daemon from its admin API: readiness, pipelines (lag, in flight,
     /// keys in retry), outbox backlog, dead letters and the ledger check. Exits 1 when
     /// something needs a look (not ready, a pipeline degraded, the ledger check failing).
@@ -82,6 +87,10 @@ fn main() -> ExitCode {
     if let Command::Status { admin: Some(admin) } = &cli.command {
         return status(admin);
     }
+    if let Command::Config { example: true } = &cli.command {
+        print!("{}", tally_engine::config::example_toml());
+        return ExitCode::SUCCESS;
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -89,7 +98,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Command::Config = cli.command {
+    if let Command::Config { .. } = cli.command {
         print!("{}", config.to_redacted_toml());
         return ExitCode::SUCCESS;
     }
@@ -108,7 +117,7 @@ fn main() -> ExitCode {
         Command::Migrate => migrate(&config),
         Command::Topics { action: TopicsCommand::Create } => topics_create(&config),
         Command::Broker { listen } => run_broker(&config, listen),
-        Command::Config | Command::Status { .. } => Ok(()),
+        Command::Config { .. } | Command::Status { .. } => Ok(()),
         Command::Bench { scenario } => tally_engine::bench::cli::run(&config, scenario),
     };
     // Every span has ended (`run` returns after the actor system is gone): send the last.
