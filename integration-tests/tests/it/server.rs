@@ -88,3 +88,52 @@ async fn the_shipped_configuration_is_the_generated_one_and_the_daemon_runs_on_i
     wait_ready(&admin, &mut child).await;
     terminate_cleanly(&mut child).await;
 }
+
+/// A version no release has: the binary under test does not know it.
+const FUTURE: &str = "29991231000000";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_refuses_a_database_migrated_by_a_newer_release() {
+    let env = env_with_topics().await;
+    tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
+    env.db.execute("INSERT INTO __diesel_schema_migrations (version) VALUES ($1)", &[&FUTURE]).await;
+    let accounts = env.db.count("accounts").await;
+    // `tally migrate` refuses, naming the version.
+    let out = Command::new(tally_binary())
+        .arg("migrate")
+        .env("TALLY__DATABASE__URL", env.db.url())
+        .output()
+        .expect("run tally migrate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "tally migrate succeeded on a newer schema: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(stderr.contains(FUTURE) && stderr.contains("newer"), "{stderr}");
+    // `tally run` exits at once with the same message, before it serves anything.
+    let log = tally_binary().with_file_name("tally-schema-guard.log");
+    let stderr_file = std::fs::File::create(&log).expect("log file");
+    let mut child = TallyProcess::new(
+        Command::new(tally_binary())
+            .arg("run")
+            .env("TALLY__DATABASE__URL", env.db.url())
+            .env("TALLY__KAFKA__BROKERS", env.bootstrap())
+            .env("TALLY__KAFKA__CREATE_TOPICS", "false")
+            .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
+            .env("TALLY__HTTP__ADMIN_ADDR", "127.0.0.1:0")
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr_file)
+            .spawn()
+            .expect("start tally run"),
+    );
+    let ok = wait_exit(&mut child, "tally run refuses the newer schema and exits", Deadline::secs(30)).await;
+    let stderr = std::fs::read_to_string(&log).expect("read the log");
+    assert!(!ok, "tally run exited 0: {stderr}");
+    assert!(stderr.contains(FUTURE) && stderr.contains("newer"), "{stderr}");
+    // Nothing was touched: the row is still there and the data as it was.
+    let versions =
+        env.db.scalar_i64("SELECT count(*) FROM __diesel_schema_migrations WHERE version = $1", &[&FUTURE]).await;
+    assert_eq!(versions, 1);
+    assert_eq!(env.db.count("accounts").await, accounts);
+}
