@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tally_actors::store::migrate;
 use tally_engine::broker::{self, EmbeddedBroker};
-use tally_engine::{app, kafka, telemetry, Config, KafkaEndpoint};
+use tally_engine::{app, kafka, sd_notify, telemetry, Config, KafkaEndpoint};
 use tracing::{error, info};
 
 #[derive(Debug, Parser)]
@@ -172,12 +172,16 @@ fn run(config: Config) -> anyhow::Result<()> {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
         let daemon = app::start(config, kafka, expected).await?;
         info!(intake = %daemon.intake_addr, admin = %daemon.admin_addr, "tally is running; stop with Ctrl-C or SIGTERM.");
+        // Type=notify: READY=1 once /readyz says ready.
+        let readiness = tokio::spawn(sd_notify::ready_when_ready(daemon.admin_addr));
         // A stage that cannot be restarted stops the daemon with an error, so that its
         // service manager restarts the process.
         let gave_up = tokio::select! {
             () = wait_for_signal() => None,
             reason = tally_actors::supervise::restart::gave_up() => Some(reason),
         };
+        readiness.abort();
+        sd_notify::notify_or_warn("STOPPING=1\nSTATUS=Draining.");
         let stopped = daemon.shutdown().await;
         anyhow::Ok((stopped, gave_up))
     })?;

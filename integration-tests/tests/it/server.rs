@@ -137,3 +137,107 @@ async fn the_binary_refuses_a_database_migrated_by_a_newer_release() {
     assert_eq!(versions, 1);
     assert_eq!(env.db.count("accounts").await, accounts);
 }
+
+/// The unit's `Key=value` settings named `key`, in order.
+fn unit_values<'a>(unit: &'a str, key: &str) -> Vec<&'a str> {
+    unit.lines().filter_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('='))).collect()
+}
+
+#[test]
+fn the_systemd_unit_verifies_and_outlasts_the_drain() {
+    let unit =
+        std::fs::read_to_string(deploy_dir().join("systemd/tally.service")).expect("deploy/systemd/tally.service");
+    const EXEC: &str = "/usr/bin/tally run --config /etc/tally/tally.toml";
+    assert_eq!(unit_values(&unit, "ExecStart"), [EXEC]);
+    assert_eq!(unit_values(&unit, "Type"), ["notify"]);
+    assert_eq!(unit_values(&unit, "Restart"), ["on-failure"]);
+    assert_eq!(unit_values(&unit, "User"), ["tally"]);
+    for key in ["NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp"] {
+        assert!(!unit_values(&unit, key).is_empty(), "{key} is not set");
+    }
+    assert_eq!(unit_values(&unit, "ProtectSystem"), ["strict"]);
+    // The stop timeout outlasts the longest drain of the defaults: every pipeline drains
+    // at once, each for at most the worst case of its retry sequence, then the outbox
+    // stops (one send timeout).
+    let c = tally_engine::Config::default();
+    let attempt = c.database.statement_timeout.max(c.notifications.timeout);
+    let drain = [&c.ledger.retry, &c.projection.retry, &c.orders.retry, &c.notifications.retry, &c.antifraud.retry]
+        .iter()
+        .map(|r| r.policy().worst_case(attempt))
+        .max()
+        .expect("pipelines")
+        .max(c.consumer.drain_timeout)
+        + c.outbox.send_timeout;
+    let stop: u64 = unit_values(&unit, "TimeoutStopSec").first().and_then(|v| v.parse().ok()).expect("TimeoutStopSec");
+    assert!(std::time::Duration::from_secs(stop) > drain, "TimeoutStopSec={stop} is not above the drain ({drain:?})");
+    // `systemd-analyze verify` on the unit as shipped, but for the paths of this build.
+    let dir = tempdir("unit");
+    let binary = tally_binary();
+    let config = deploy_dir().join("tally.toml");
+    let local = unit.replace(EXEC, &format!("{} run --config {}", binary.display(), config.display()));
+    let path = dir.join("tally.service");
+    std::fs::write(&path, local).expect("write the unit copy");
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze (Debian package systemd) is installed");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.trim().is_empty(), "systemd-analyze verify: {stderr}");
+}
+
+/// A fresh directory under the target directory, for files a test writes.
+fn tempdir(what: &str) -> PathBuf {
+    let dir = tally_binary().with_file_name("server-tests").join(format!("{what}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("create a test directory");
+    dir
+}
+
+/// The next datagram on `socket` within `deadline`; `None` on timeout.
+fn next_datagram(socket: &std::os::unix::net::UnixDatagram, deadline: std::time::Duration) -> Option<String> {
+    socket.set_read_timeout(Some(deadline)).expect("read timeout");
+    let mut buf = [0u8; 4096];
+    let n = socket.recv(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Waits (blocking, bounded) for a datagram with the line `line`; every datagram seen.
+async fn wait_datagram(socket: &std::sync::Arc<std::os::unix::net::UnixDatagram>, line: &'static str) -> Vec<String> {
+    let socket = std::sync::Arc::clone(socket);
+    tokio::task::spawn_blocking(move || {
+        let until = std::time::Instant::now() + Deadline::DEFAULT.0;
+        let mut seen = Vec::new();
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match next_datagram(&socket, left.max(std::time::Duration::from_millis(1))) {
+                Some(d) if d.lines().any(|l| l == line) => {
+                    seen.push(d);
+                    return seen;
+                }
+                Some(d) => seen.push(d),
+                None => break,
+            }
+        }
+        panic!("no {line} from the daemon; it sent {seen:?}");
+    })
+    .await
+    .expect("the datagram reader")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_tells_its_service_manager_when_it_is_ready_and_when_it_stops() {
+    let env = env_with_topics().await;
+    let dir = tempdir("notify");
+    let path = dir.join("notify.sock");
+    let socket = std::sync::Arc::new(std::os::unix::net::UnixDatagram::bind(&path).expect("bind NOTIFY_SOCKET"));
+    let admin = free_addr();
+    let socket_path = path.to_str().expect("utf-8 path");
+    let mut child = spawn_tally_process(&env, &[("NOTIFY_SOCKET", socket_path), ("TALLY__HTTP__ADMIN_ADDR", &admin)]);
+    let before = wait_datagram(&socket, "READY=1").await;
+    // READY=1 means /readyz says ready: it does now, without waiting.
+    let res = reqwest::get(format!("http://{admin}/readyz")).await.expect("GET /readyz");
+    assert_eq!(res.status(), 200, "READY=1 came before /readyz said ready; sent before it: {before:?}");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success());
+    wait_datagram(&socket, "STOPPING=1").await;
+    assert!(wait_exit(&mut child, "the daemon drains and exits", Deadline::DEFAULT).await, "exit status not 0");
+}
