@@ -241,3 +241,147 @@ async fn the_daemon_tells_its_service_manager_when_it_is_ready_and_when_it_stops
     wait_datagram(&socket, "STOPPING=1").await;
     assert!(wait_exit(&mut child, "the daemon drains and exits", Deadline::DEFAULT).await, "exit status not 0");
 }
+
+/// Runs `program args`, asserting success; its standard output.
+fn run_ok(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("run {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Purges the package when the test ends, passed or not, and deletes the `tally` user
+/// when the package created it: the machine is left as found.
+struct Installed {
+    user_existed: bool,
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = Command::new("dpkg").args(["--purge", "tally"]).output();
+        if !self.user_existed {
+            let _ = Command::new("userdel").arg("tally").output();
+        }
+    }
+}
+
+/// The Debian package, built from this build's (dev profile) binary: the release build
+/// `make package` makes costs minutes; the package's contents are the same.
+fn build_package() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo_deb = run_ok(root.join("scripts/ensure-cargo-deb.sh").to_str().expect("utf-8 path"), &[]);
+    let _ = tally_binary();
+    let out = tempdir("deb");
+    let out_arg = out.to_str().expect("utf-8 path");
+    let deb = run_ok(
+        cargo_deb.trim(),
+        &[
+            "--manifest-path",
+            root.join("Cargo.toml").to_str().expect("utf-8 path"),
+            "-p",
+            "tally-engine",
+            "--profile",
+            "dev",
+            "--no-build",
+            "--strip",
+            "--fast",
+            "--quiet",
+            "-o",
+            out_arg,
+        ],
+    );
+    let deb = PathBuf::from(deb.trim());
+    assert!(deb.exists(), "cargo deb wrote no package: {}", deb.display());
+    deb
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_package_installs_runs_a_transfer_and_removes_without_touching_the_data() {
+    assert_eq!(run_ok("id", &["-u"]).trim(), "0", "installing a package needs root");
+    let deb = build_package();
+    let user_existed = Command::new("id").arg("tally").output().is_ok_and(|o| o.status.success());
+    let _installed = Installed { user_existed };
+    run_ok("dpkg", &["-i", deb.to_str().expect("utf-8 path")]);
+    // What it installed: the binary, the unit, the configuration as a conffile readable by
+    // the service's user, and that user.
+    assert_eq!(
+        run_ok("dpkg-query", &["-W", "-f=${Conffiles}", "tally"]).split_whitespace().next(),
+        Some("/etc/tally/tally.toml")
+    );
+    let shipped = std::fs::read_to_string(deploy_dir().join("tally.toml")).expect("deploy/tally.toml");
+    assert_eq!(std::fs::read_to_string("/etc/tally/tally.toml").expect("installed config"), shipped);
+    assert_eq!(run_ok("stat", &["-c", "%U:%G %a", "/etc/tally/tally.toml"]).trim(), "root:tally 640");
+    assert!(Path::new("/lib/systemd/system/tally.service").exists());
+    let uid: u32 = run_ok("id", &["-u", "tally"]).trim().parse().expect("uid of tally");
+    let gid: u32 = run_ok("id", &["-g", "tally"]).trim().parse().expect("gid of tally");
+    assert!(uid != 0 && gid != 0, "tally is a system user of its own");
+
+    // The installed binary, as the service runs it (user tally, the installed
+    // configuration), on a test database and broker given through the environment.
+    let env = env_with_topics().await;
+    let (intake, admin) = (free_addr(), free_addr());
+    let log = tempdir("installed").join("tally.log");
+    let stderr = std::fs::File::create(&log).expect("log file");
+    let mut child = {
+        use std::os::unix::process::CommandExt;
+        TallyProcess::new(
+            Command::new("/usr/bin/tally")
+                .args(["run", "--config", "/etc/tally/tally.toml"])
+                .env_clear()
+                .env("TALLY__DATABASE__URL", env.db.url())
+                .envs(tally_integration_tests::test_pools_env())
+                .env("TALLY__KAFKA__BROKERS", env.bootstrap())
+                .env("TALLY__KAFKA__CREATE_TOPICS", "false")
+                .env("TALLY__HTTP__INTAKE_ADDR", &intake)
+                .env("TALLY__HTTP__ADMIN_ADDR", &admin)
+                .env("TALLY__INSTANCE__ID", "installed")
+                .uid(uid)
+                .gid(gid)
+                .current_dir("/")
+                .stdout(std::process::Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("start /usr/bin/tally"),
+        )
+    };
+    wait_ready(&admin, &mut child).await;
+    let http = reqwest::Client::new();
+    for (id, balance) in [("PKG-A", 10_000), ("PKG-B", 0)] {
+        let body = serde_json::json!({ "id": id, "currency": "BRL", "initialBalanceCents": balance });
+        let res = http.post(format!("http://{intake}/accounts")).json(&body).send().await.expect("POST /accounts");
+        assert_eq!(res.status(), 201, "create {id}");
+    }
+    let body = serde_json::json!({ "sourceAccount": "PKG-A", "destinationAccount": "PKG-B", "amountCents": 2_500, "currency": "BRL" });
+    let res = http.post(format!("http://{intake}/transfers")).json(&body).send().await.expect("POST /transfers");
+    assert_eq!(res.status(), 201, "POST /transfers");
+    let view: serde_json::Value = res.json().await.expect("transfer JSON");
+    let id = view["id"].as_str().expect("transfer id").to_owned();
+    tally_integration_tests::wait_settled(&http, &intake, &id).await;
+    terminate_cleanly(&mut child).await;
+    let text = std::fs::read_to_string(&log).expect("read the log");
+    assert!(text.contains("Shutdown complete"), "no clean drain in the log:\n{text}");
+
+    // Removing the package leaves the data alone (and the edited configuration, a
+    // conffile, until a purge).
+    let before = data(&env).await;
+    assert_eq!(before, (2, 2, 10_000), "two accounts, one settled transfer (two postings), no money created");
+    run_ok("dpkg", &["-r", "tally"]);
+    assert!(!Path::new("/usr/bin/tally").exists(), "the binary is removed");
+    assert!(Path::new("/etc/tally/tally.toml").exists(), "a removed package keeps its conffile");
+    assert_eq!(data(&env).await, before, "the database changed when the package was removed");
+    let b = env.db.scalar_i64("SELECT balance_cents FROM accounts WHERE id = 'PKG-B'", &[]).await;
+    assert_eq!(b, 2_500);
+}
+
+/// Accounts, postings, and the sum of all balances.
+async fn data(env: &TestEnv) -> (i64, i64, i64) {
+    (
+        env.db.count("accounts").await,
+        env.db.count("postings").await,
+        env.db.scalar_i64("SELECT coalesce(sum(balance_cents), 0)::bigint FROM accounts", &[]).await,
+    )
+}
