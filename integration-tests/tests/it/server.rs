@@ -1,7 +1,8 @@
 //! Running tally on a server: the shipped example configuration (`deploy/tally.toml`), the
 //! schema guard against a database newer than the binary, the systemd unit and its
-//! readiness protocol, and the Debian package. Real PostgreSQL; broker: librdkafka's mock
-//! cluster.
+//! readiness protocol, the Debian package, and the container and Kubernetes manifests
+//! (parsed and checked against a running daemon, not applied). Real PostgreSQL; broker:
+//! librdkafka's mock cluster.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::path::{Path, PathBuf};
@@ -138,6 +139,20 @@ async fn the_binary_refuses_a_database_migrated_by_a_newer_release() {
     assert_eq!(env.db.count("accounts").await, accounts);
 }
 
+/// The longest stop of a daemon on the defaults: every pipeline drains at once, each for at
+/// most the worst case of its retry sequence, then the outbox stops (one send timeout).
+fn longest_drain() -> std::time::Duration {
+    let c = tally_engine::Config::default();
+    let attempt = c.database.statement_timeout.max(c.notifications.timeout);
+    [&c.ledger.retry, &c.projection.retry, &c.orders.retry, &c.notifications.retry, &c.antifraud.retry]
+        .iter()
+        .map(|r| r.policy().worst_case(attempt))
+        .max()
+        .expect("pipelines")
+        .max(c.consumer.drain_timeout)
+        + c.outbox.send_timeout
+}
+
 /// The unit's `Key=value` settings named `key`, in order.
 fn unit_values<'a>(unit: &'a str, key: &str) -> Vec<&'a str> {
     unit.lines().filter_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('='))).collect()
@@ -156,18 +171,8 @@ fn the_systemd_unit_verifies_and_outlasts_the_drain() {
         assert!(!unit_values(&unit, key).is_empty(), "{key} is not set");
     }
     assert_eq!(unit_values(&unit, "ProtectSystem"), ["strict"]);
-    // The stop timeout outlasts the longest drain of the defaults: every pipeline drains
-    // at once, each for at most the worst case of its retry sequence, then the outbox
-    // stops (one send timeout).
-    let c = tally_engine::Config::default();
-    let attempt = c.database.statement_timeout.max(c.notifications.timeout);
-    let drain = [&c.ledger.retry, &c.projection.retry, &c.orders.retry, &c.notifications.retry, &c.antifraud.retry]
-        .iter()
-        .map(|r| r.policy().worst_case(attempt))
-        .max()
-        .expect("pipelines")
-        .max(c.consumer.drain_timeout)
-        + c.outbox.send_timeout;
+    // The stop timeout outlasts the longest drain of the defaults.
+    let drain = longest_drain();
     let stop: u64 = unit_values(&unit, "TimeoutStopSec").first().and_then(|v| v.parse().ok()).expect("TimeoutStopSec");
     assert!(std::time::Duration::from_secs(stop) > drain, "TimeoutStopSec={stop} is not above the drain ({drain:?})");
     // `systemd-analyze verify` on the unit as shipped, but for the paths of this build.
@@ -384,4 +389,98 @@ async fn data(env: &TestEnv) -> (i64, i64, i64) {
         env.db.count("postings").await,
         env.db.scalar_i64("SELECT coalesce(sum(balance_cents), 0)::bigint FROM accounts", &[]).await,
     )
+}
+
+/// Every document of a multi-document YAML file.
+fn yaml_documents(text: &str) -> Vec<serde_yaml::Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(text).map(|d| serde_yaml::Value::deserialize(d).expect("valid YAML")).collect()
+}
+
+/// The one document of `kind`.
+fn of_kind<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value {
+    let found: Vec<_> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind} in the manifests");
+    found[0]
+}
+
+/// The number of a container port given by name or number.
+fn port_number(port: &serde_yaml::Value, ports: &[serde_yaml::Value]) -> u64 {
+    port.as_u64().unwrap_or_else(|| {
+        let name = port.as_str().expect("a port is a name or a number");
+        let found = ports.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("no port named {name}"));
+        found["containerPort"].as_u64().expect("containerPort")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_manifests_probe_what_the_daemon_serves() {
+    let text = std::fs::read_to_string(deploy_dir().join("kubernetes/statefulset.yaml")).expect("the manifests");
+    let docs = yaml_documents(&text);
+    let sts = of_kind(&docs, "StatefulSet");
+    let pod = &sts["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let env: Vec<serde_yaml::Value> = container["env"].as_sequence().expect("env").clone();
+    let var =
+        |name: &str| env.iter().find(|e| e["name"] == name).unwrap_or_else(|| panic!("{name} is not set")).clone();
+    // instance.id is the pod's stable name, and with it the static member and the
+    // transactional ids.
+    assert_eq!(var("TALLY__INSTANCE__ID")["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+    assert_eq!(var("TALLY__INSTANCE__STATIC_MEMBERSHIP")["value"], "true");
+    let admin: std::net::SocketAddr =
+        var("TALLY__HTTP__ADMIN_ADDR")["value"].as_str().expect("admin addr").parse().expect("an address");
+    // Every probe asks the admin listener for one of its routes.
+    let ports = container["ports"].as_sequence().expect("ports").clone();
+    let mut paths = Vec::new();
+    for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(port_number(&get["port"], &ports), u64::from(admin.port()), "{probe} port");
+        paths.push((probe, get["path"].as_str().expect("probe path").to_owned()));
+    }
+    assert_eq!(paths[0].1, "/readyz", "readiness is /readyz");
+    // The ServiceMonitor scrapes /metrics through the Service's admin port.
+    let service = of_kind(&docs, "Service");
+    let monitor = &of_kind(&docs, "ServiceMonitor")["spec"]["endpoints"][0];
+    let service_port = service["spec"]["ports"]
+        .as_sequence()
+        .expect("service ports")
+        .iter()
+        .find(|p| p["name"] == monitor["port"])
+        .expect("the monitored port is a port of the Service")
+        .clone();
+    assert_eq!(port_number(&service_port["targetPort"], &ports), u64::from(admin.port()), "metrics port");
+    paths.push(("ServiceMonitor", monitor["path"].as_str().expect("metrics path").to_owned()));
+    assert!(of_kind(&docs, "PodDisruptionBudget")["spec"]["maxUnavailable"].as_u64().is_some());
+    // Pods get longer than a drain to stop.
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().expect("terminationGracePeriodSeconds");
+    assert!(std::time::Duration::from_secs(grace) > longest_drain(), "grace {grace} s is below the drain");
+    // The image runs the same command as the unit, as a user that is not root.
+    let dockerfile = std::fs::read_to_string(deploy_dir().join("Dockerfile")).expect("deploy/Dockerfile");
+    let user = dockerfile.lines().filter_map(|l| l.strip_prefix("USER ")).next_back().expect("a USER");
+    assert!(!user.starts_with("root") && !user.starts_with('0'), "the image runs as {user}");
+    let args: Vec<&str> = container["args"].as_sequence().expect("args").iter().filter_map(|a| a.as_str()).collect();
+    assert_eq!(args, ["run", "--config", "/etc/tally/tally.toml"]);
+    assert!(dockerfile.contains(r#"CMD ["run", "--config", "/etc/tally/tally.toml"]"#), "the image's command");
+    // The configuration validates with the manifest's values.
+    let mut tally_config = Command::new(tally_binary());
+    tally_config.args(["--config", deploy_dir().join("tally.toml").to_str().expect("utf-8 path"), "config"]);
+    for e in &env {
+        if let (Some(name), Some(value)) = (e["name"].as_str(), e["value"].as_str()) {
+            tally_config.env(name, value);
+        }
+    }
+    let out = tally_config.output().expect("tally config");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // And a running daemon answers every probed path with 200 on its admin listener.
+    let (_env, app) = tally_integration_tests::spawn_app(|_| {}).await;
+    for (what, path) in paths {
+        let status = wait_until(&format!("{what}: GET {path} answers 200"), Deadline::DEFAULT, || async {
+            match app.admin_get(&path).await.status().as_u16() {
+                200 => Ok(200),
+                s => Err(format!("{s}")),
+            }
+        })
+        .await;
+        assert_eq!(status, 200);
+    }
 }
