@@ -34,9 +34,11 @@ browser: ## Install Debian's Chromium and ChromeDriver (the console's browser te
 noida: ## Install noida-db (a Kafka with real transactions, for tests) under target/, once
 	@scripts/ensure-noida.sh >/dev/null
 
-package: ## Build the Debian package (release binary, unit, /etc/tally/tally.toml) into target/debian/; installs cargo-deb under target/ once
+package: ## Build the Debian package (release binary, man page, unit, /etc/tally/tally.toml) into target/debian/; installs cargo-deb under target/ once
 	@test "$$(uname -s)" = Linux || { echo "The package is a Debian one: build it on Linux."; exit 2; }
-	$$(scripts/ensure-cargo-deb.sh) -p tally-engine --locked
+	$(CARGO) build --release --locked -p tally-engine --bin tally
+	target/release/tally man > target/release/tally.1
+	$$(scripts/ensure-cargo-deb.sh) -p tally-engine --no-build
 
 lint: ## fmt check, clippy -D warnings on all targets, docs
 	$(CARGO) fmt --all -- --check

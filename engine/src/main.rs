@@ -67,6 +67,10 @@ enum Command {
         #[arg(long, value_name = "URL")]
         admin: Option<String>,
     },
+    /// Print the manual page (roff) generated from this help; the package installs it as
+    /// tally(1).
+    #[command(hide = true)]
+    Man,
     /// Load scenarios against the local PostgreSQL and an embedded broker (`make bench`).
     Bench {
         #[command(subcommand)]
@@ -86,6 +90,9 @@ fn main() -> ExitCode {
     // may lack the daemon's secrets).
     if let Command::Status { admin: Some(admin) } = &cli.command {
         return status(admin);
+    }
+    if let Command::Man = &cli.command {
+        return man();
     }
     if let Command::Config { example: true } = &cli.command {
         print!("{}", tally_engine::config::example_toml());
@@ -117,7 +124,7 @@ fn main() -> ExitCode {
         Command::Migrate => migrate(&config),
         Command::Topics { action: TopicsCommand::Create } => topics_create(&config),
         Command::Broker { listen } => run_broker(&config, listen),
-        Command::Config { .. } | Command::Status { .. } => Ok(()),
+        Command::Config { .. } | Command::Status { .. } | Command::Man => Ok(()),
         Command::Bench { scenario } => tally_engine::bench::cli::run(&config, scenario),
     };
     // Every span has ended (`run` returns after the actor system is gone): send the last.
@@ -127,6 +134,18 @@ fn main() -> ExitCode {
         Err(e) => {
             error!("{e:#}");
             eprintln!("tally: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tally man`: the manual page, from the command line's definition.
+fn man() -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tally man: {e}");
             ExitCode::FAILURE
         }
     }

@@ -279,8 +279,19 @@ impl Drop for Installed {
 fn build_package() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let cargo_deb = run_ok(root.join("scripts/ensure-cargo-deb.sh").to_str().expect("utf-8 path"), &[]);
-    let _ = tally_binary();
-    let out = tempdir("deb");
+    // The manual page, next to the binary as `make package` writes it.
+    let binary = tally_binary();
+    let man = Command::new(&binary).arg("man").output().expect("tally man");
+    assert!(
+        man.status.success() && man.stdout.starts_with(b".ie"),
+        "tally man: {}",
+        String::from_utf8_lossy(&man.stderr)
+    );
+    std::fs::write(binary.with_file_name("tally.1"), &man.stdout).expect("write tally.1");
+    // One directory, emptied each time: the packages do not pile up.
+    let out = binary.with_file_name("server-tests").join("deb");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).expect("create the package directory");
     let out_arg = out.to_str().expect("utf-8 path");
     let deb = run_ok(
         cargo_deb.trim(),
@@ -321,6 +332,8 @@ async fn the_package_installs_runs_a_transfer_and_removes_without_touching_the_d
     assert_eq!(std::fs::read_to_string("/etc/tally/tally.toml").expect("installed config"), shipped);
     assert_eq!(run_ok("stat", &["-c", "%U:%G %a", "/etc/tally/tally.toml"]).trim(), "root:tally 640");
     assert!(Path::new("/lib/systemd/system/tally.service").exists());
+    let page = std::fs::read_to_string("/usr/share/man/man1/tally.1").expect("the manual page");
+    assert!(page.contains("tally\\-run") && page.contains("TALLY_CONFIG"), "tally.1:\n{page}");
     let uid: u32 = run_ok("id", &["-u", "tally"]).trim().parse().expect("uid of tally");
     let gid: u32 = run_ok("id", &["-g", "tally"]).trim().parse().expect("gid of tally");
     assert!(uid != 0 && gid != 0, "tally is a system user of its own");
