@@ -318,6 +318,12 @@ fn build_package() -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_package_installs_runs_a_transfer_and_removes_without_touching_the_data() {
     assert_eq!(run_ok("id", &["-u"]).trim(), "0", "installing a package needs root");
+    let status = Command::new("dpkg-query").args(["-W", "-f=${Status}", "tally"]).output().expect("dpkg-query");
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.split_whitespace().last() != Some("installed"),
+        "a tally package is installed on this machine ({status}); this test would replace and purge it"
+    );
     let deb = build_package();
     let user_existed = Command::new("id").arg("tally").output().is_ok_and(|o| o.status.success());
     let _installed = Installed { user_existed };
