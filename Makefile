@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests create a fresh database per test on this server.
 export TALLY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: help run test test-kafka chaos lint fmt migrate broker schema db bench soak profile noida browser
+.PHONY: help run test test-kafka chaos lint fmt migrate broker schema db bench soak profile noida browser package
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -33,6 +33,12 @@ browser: ## Install Debian's Chromium and ChromeDriver (the console's browser te
 
 noida: ## Install noida-db (a Kafka with real transactions, for tests) under target/, once
 	@scripts/ensure-noida.sh >/dev/null
+
+package: ## Build the Debian package (release binary, man page, unit, /etc/tally/tally.toml) into target/debian/; installs cargo-deb under target/ once
+	@test "$$(uname -s)" = Linux || { echo "The package is a Debian one: build it on Linux."; exit 2; }
+	$(CARGO) build --release --locked -p tally-engine --bin tally
+	target/release/tally man > target/release/tally.1
+	$$(scripts/ensure-cargo-deb.sh) -p tally-engine --no-build
 
 lint: ## fmt check, clippy -D warnings on all targets, docs
 	$(CARGO) fmt --all -- --check

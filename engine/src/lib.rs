@@ -13,6 +13,7 @@ pub use tally_actors::dlt;
 pub mod http;
 pub mod kafka;
 pub mod pipelines;
+pub mod sd_notify;
 pub mod status;
 pub mod telemetry;
 

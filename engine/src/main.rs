@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tally_actors::store::migrate;
 use tally_engine::broker::{self, EmbeddedBroker};
-use tally_engine::{app, kafka, telemetry, Config, KafkaEndpoint};
+use tally_engine::{app, kafka, sd_notify, telemetry, Config, KafkaEndpoint};
 use tracing::{error, info};
 
 #[derive(Debug, Parser)]
@@ -53,7 +53,12 @@ enum Command {
         listen: SocketAddr,
     },
     /// Print the effective configuration as TOML, secrets redacted.
-    Config,
+    Config {
+        /// Print the commented example configuration instead: every key with its default
+        /// (what `deploy/tally.toml` holds); reads no configuration.
+        #[arg(long)]
+        example: bool,
+    },
     /// Summarise a running daemon from its admin API: readiness, pipelines (lag, in flight,
     /// keys in retry), outbox backlog, dead letters and the ledger check. Exits 1 when
     /// something needs a look (not ready, a pipeline degraded, the ledger check failing).
@@ -62,6 +67,10 @@ enum Command {
         #[arg(long, value_name = "URL")]
         admin: Option<String>,
     },
+    /// Print the manual page (roff) generated from this help; the package installs it as
+    /// tally(1).
+    #[command(hide = true)]
+    Man,
     /// Load scenarios against the local PostgreSQL and an embedded broker (`make bench`).
     Bench {
         #[command(subcommand)]
@@ -82,6 +91,13 @@ fn main() -> ExitCode {
     if let Command::Status { admin: Some(admin) } = &cli.command {
         return status(admin);
     }
+    if let Command::Man = &cli.command {
+        return man();
+    }
+    if let Command::Config { example: true } = &cli.command {
+        print!("{}", tally_engine::config::example_toml());
+        return ExitCode::SUCCESS;
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
@@ -89,7 +105,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Command::Config = cli.command {
+    if let Command::Config { .. } = cli.command {
         print!("{}", config.to_redacted_toml());
         return ExitCode::SUCCESS;
     }
@@ -108,7 +124,7 @@ fn main() -> ExitCode {
         Command::Migrate => migrate(&config),
         Command::Topics { action: TopicsCommand::Create } => topics_create(&config),
         Command::Broker { listen } => run_broker(&config, listen),
-        Command::Config | Command::Status { .. } => Ok(()),
+        Command::Config { .. } | Command::Status { .. } | Command::Man => Ok(()),
         Command::Bench { scenario } => tally_engine::bench::cli::run(&config, scenario),
     };
     // Every span has ended (`run` returns after the actor system is gone): send the last.
@@ -118,6 +134,18 @@ fn main() -> ExitCode {
         Err(e) => {
             error!("{e:#}");
             eprintln!("tally: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tally man`: the manual page, from the command line's definition.
+fn man() -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tally man: {e}");
             ExitCode::FAILURE
         }
     }
@@ -163,12 +191,16 @@ fn run(config: Config) -> anyhow::Result<()> {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
         let daemon = app::start(config, kafka, expected).await?;
         info!(intake = %daemon.intake_addr, admin = %daemon.admin_addr, "tally is running; stop with Ctrl-C or SIGTERM.");
+        // Type=notify: READY=1 once /readyz says ready.
+        let readiness = tokio::spawn(sd_notify::ready_when_ready(daemon.admin_addr));
         // A stage that cannot be restarted stops the daemon with an error, so that its
         // service manager restarts the process.
         let gave_up = tokio::select! {
             () = wait_for_signal() => None,
             reason = tally_actors::supervise::restart::gave_up() => Some(reason),
         };
+        readiness.abort();
+        sd_notify::notify_or_warn("STOPPING=1\nSTATUS=Draining.");
         let stopped = daemon.shutdown().await;
         anyhow::Ok((stopped, gave_up))
     })?;

@@ -86,10 +86,11 @@ fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
         .with_context(|| format!("cannot connect to {}", redact(url)))?;
     conn.batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
         .context("cannot take the migration lock")?;
-    let applied: anyhow::Result<Vec<String>> = conn
-        .run_pending_migrations(MIGRATIONS)
-        .map(|versions| versions.iter().map(ToString::to_string).collect())
-        .map_err(|e| anyhow!("migration failed: {e}"));
+    let applied = refuse_unknown(&mut conn, url).and_then(|()| {
+        conn.run_pending_migrations(MIGRATIONS)
+            .map(|versions| versions.iter().map(ToString::to_string).collect::<Vec<String>>())
+            .map_err(|e| anyhow!("migration failed: {e}"))
+    });
     let unlock = conn.batch_execute(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"));
     let applied = applied?;
     unlock.context("cannot release the migration lock")?;
@@ -97,6 +98,28 @@ fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
         info!(version, "Applied migration.");
     }
     Ok(applied)
+}
+
+/// Fails, naming them, when the database has applied migrations this binary does not
+/// embed: a newer release migrated it, and this one would run against a schema it does
+/// not know. Migrations are forward-only; the way back is that release (or a restore).
+fn refuse_unknown(conn: &mut AsyncConnectionWrapper<AsyncPgConnection>, url: &str) -> anyhow::Result<()> {
+    let known = embedded_versions()?;
+    let applied = conn.applied_migrations().map_err(|e| anyhow!("cannot read the applied migrations: {e}"))?;
+    let mut unknown: Vec<String> = applied.iter().map(ToString::to_string).filter(|v| !known.contains(v)).collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    unknown.sort();
+    Err(anyhow!(
+        "the database at {} was migrated by a newer tally: it has migrations {} that this binary ({}) \
+         does not know (the newest it knows is {}). Run that newer release, or restore the database \
+         from before its upgrade; this binary does not start on a schema newer than its own",
+        redact(url),
+        unknown.join(", "),
+        env!("CARGO_PKG_VERSION"),
+        known.iter().max().map_or("none", String::as_str),
+    ))
 }
 
 /// `url` with its password replaced, for messages.

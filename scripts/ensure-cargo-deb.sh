@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs cargo-deb (builds the Debian package, `make package`) under target/cargo-deb,
+# and prints the path of its binary. Idempotent: once installed, nothing is fetched or
+# built again (the first run compiles it: about a minute and a half on two cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+version=${CARGO_DEB_VERSION:-3.8.0}
+root=target/cargo-deb
+bin=$root/bin/cargo-deb
+marker=$root/installed-$version
+
+if [ ! -x "$bin" ] || [ ! -f "$marker" ]; then
+  echo "Installing cargo-deb $version under $root ..." >&2
+  cargo install --quiet --locked --root "$root" --version "=$version" cargo-deb
+  rm -f "$root"/installed-*
+  touch "$marker"
+fi
+echo "$PWD/$bin"
