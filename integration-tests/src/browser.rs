@@ -36,7 +36,8 @@ impl std::fmt::Debug for Browser {
 
 /// The paths of `chromedriver` and `chromium`, installing them when needed; `None` when
 /// they cannot be installed here and `TALLY_SKIP_BROWSER=1` says to skip browser tests on
-/// purpose (without it, that is a failure: CI installs them).
+/// purpose (without it, that is a failure: CI installs them; under CI the variable itself
+/// is refused).
 ///
 /// # Panics
 /// When they cannot be installed and skipping was not asked for.
@@ -44,7 +45,7 @@ impl std::fmt::Debug for Browser {
 pub fn browser_binaries() -> Option<(String, String)> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let found = Command::new(root.join("scripts/ensure-chromium.sh")).output().expect("run ensure-chromium.sh");
-    if found.status.code() == Some(3) && std::env::var("TALLY_SKIP_BROWSER").is_ok_and(|v| v == "1") {
+    if found.status.code() == Some(3) && crate::skip_asked("TALLY_SKIP_BROWSER") {
         eprintln!("browser test skipped on purpose: {}", String::from_utf8_lossy(&found.stderr));
         return None;
     }

@@ -56,3 +56,37 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Whether a test whose tool cannot be installed here may skip, as `var=1` asks: never
+/// under CI (`CI=true`), where a skipped test would report ok for something never run.
+///
+/// # Panics
+/// When `var=1` is set under CI.
+#[must_use]
+pub fn skip_asked(var: &str) -> bool {
+    match skip_decision(std::env::var(var).ok().as_deref(), std::env::var("CI").ok().as_deref()) {
+        Ok(skip) => skip,
+        Err(refusal) => panic!("{var}: {refusal}"),
+    }
+}
+
+fn skip_decision(value: Option<&str>, ci: Option<&str>) -> Result<bool, &'static str> {
+    match (value == Some("1"), ci == Some("true")) {
+        (true, true) => Err("skipping is refused under CI (CI=true): the test must run there"),
+        (skip, _) => Ok(skip),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::skip_decision;
+
+    #[test]
+    fn skips_are_refused_under_ci() {
+        assert_eq!(skip_decision(Some("1"), None), Ok(true));
+        assert_eq!(skip_decision(Some("1"), Some("false")), Ok(true));
+        assert_eq!(skip_decision(None, Some("true")), Ok(false));
+        assert_eq!(skip_decision(Some("0"), None), Ok(false));
+        assert!(skip_decision(Some("1"), Some("true")).is_err());
+    }
+}

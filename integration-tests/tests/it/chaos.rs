@@ -415,8 +415,13 @@ struct Run {
 /// The chaos runs of this binary take turns: each one loads both cores.
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// `TALLY_CHAOS_SEED`, or a random seed when it is not set. A seed that does not parse is
+/// an error, not a random run that looks like a replay.
 fn seed() -> u64 {
-    std::env::var("TALLY_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random)
+    match std::env::var("TALLY_CHAOS_SEED") {
+        Ok(s) => s.trim().parse().unwrap_or_else(|e| panic!("TALLY_CHAOS_SEED={s:?} is not a seed (a u64): {e}")),
+        Err(_) => rand::random(),
+    }
 }
 
 async fn run(seed: u64, profile: &Profile) -> Run {
