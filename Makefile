@@ -28,7 +28,7 @@ chaos: db ## The history checker under faults, long profile (CHAOS_SECS=300; CHA
 	TALLY_CHAOS_SECS=$(CHAOS_SECS) $(if $(CHAOS_SEED),TALLY_CHAOS_SEED=$(CHAOS_SEED)) \
 		$(CARGO) test -p tally-integration-tests --test it chaos:: -- --nocapture
 
-browser: ## Install Debian's Chromium and ChromeDriver (the console's browser tests), once; TALLY_SKIP_BROWSER=1 skips them
+browser: ## Install Debian's Chromium and ChromeDriver (the console's browser tests), once; TALLY_SKIP_BROWSER=1 skips them (refused under CI)
 	@scripts/ensure-chromium.sh >/dev/null || [ "$$TALLY_SKIP_BROWSER" = 1 ]
 
 noida: ## Install noida-db (a Kafka with real transactions, for tests) under target/, once
