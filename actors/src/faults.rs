@@ -14,8 +14,9 @@ pub enum Fault {
     OffsetBeforeCommit,
     /// The outbox publisher produces each batch it claimed in reverse order.
     OutboxOutOfOrder,
-    /// The ledger skips its inbox: a transfer already settled is applied again (the
-    /// postings' unique key still refuses a second debit, so it ends in the DLT).
+    /// The ledger skips its inbox and its check of the intake's row: a transfer already
+    /// settled is applied again (the postings' unique key still refuses a second debit, so
+    /// it ends in the DLT).
     SkipInbox,
     /// A stage's thread panics on every record carrying the header [`CRASH_HEADER`], as a
     /// bug would (the stage must restart, and dead-letter the record after two crashes).
