@@ -1,5 +1,5 @@
 //! Test-only fault switches. Each breaks one guarantee on purpose, so that the history
-//! checker under faults (`integration-tests/tests/chaos.rs`) can show that it notices.
+//! checker under faults (`integration-tests/tests/it/chaos/`) can show that it notices.
 //! They exist only in debug builds (`cfg(debug_assertions)`): a release build compiles
 //! every switch to `false`. In a debug build, `TALLY_FAULT=<name>` turns one on for the
 //! process, and the daemon says so at start.
@@ -37,6 +37,10 @@ pub fn crash_on_marked(record: &crate::consume::Record) {
 }
 
 impl Fault {
+    /// Every switch.
+    pub const ALL: [Fault; 5] =
+        [Self::Rescore, Self::OffsetBeforeCommit, Self::OutboxOutOfOrder, Self::SkipInbox, Self::CrashOnMarkedRecord];
+
     /// The value of `TALLY_FAULT` that turns it on.
     #[must_use]
     pub const fn name(self) -> &'static str {
@@ -58,15 +62,7 @@ pub fn active() -> Option<Fault> {
         static ACTIVE: std::sync::OnceLock<Option<Fault>> = std::sync::OnceLock::new();
         *ACTIVE.get_or_init(|| {
             let wanted = std::env::var("TALLY_FAULT").ok()?;
-            [
-                Fault::Rescore,
-                Fault::OffsetBeforeCommit,
-                Fault::OutboxOutOfOrder,
-                Fault::SkipInbox,
-                Fault::CrashOnMarkedRecord,
-            ]
-            .into_iter()
-            .find(|f| f.name() == wanted)
+            Fault::ALL.into_iter().find(|f| f.name() == wanted)
         })
     }
     #[cfg(not(debug_assertions))]

@@ -307,6 +307,17 @@ impl TallyProcess {
     pub fn new(child: std::process::Child) -> Self {
         Self(child)
     }
+
+    /// Sends the signal named `name` (`TERM`, `STOP`, `CONT`, ...) with kill(1); whether
+    /// it was delivered.
+    #[must_use]
+    pub fn signal(&self, name: &str) -> bool {
+        std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.0.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
 }
 
 impl std::ops::Deref for TallyProcess {

@@ -64,11 +64,40 @@ pub fn hostile_records() -> Vec<(&'static str, RawRecord)> {
 /// # Panics
 /// When the producer cannot be created or a record is refused.
 pub fn produce_raw(bootstrap: &str, topic: &str, partition: i32, records: &[RawRecord]) {
-    let producer: BaseProducer = ClientConfig::new()
+    if let Err(e) = try_produce_raw(bootstrap, topic, partition, records) {
+        panic!("{e}");
+    }
+}
+
+/// The delivery errors of a producer's records.
+#[derive(Default)]
+struct Deliveries(std::sync::Mutex<Vec<String>>);
+
+impl rdkafka::ClientContext for Deliveries {}
+
+impl rdkafka::producer::ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, (): ()) {
+        if let Err((e, _)) = result {
+            self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(e.to_string());
+        }
+    }
+}
+
+/// [`produce_raw`], with a refused or unacknowledged record as an error.
+///
+/// # Errors
+/// When a record is refused at once or in its delivery report, or not acknowledged
+/// within 30 s.
+///
+/// # Panics
+/// When the producer cannot be created.
+pub fn try_produce_raw(bootstrap: &str, topic: &str, partition: i32, records: &[RawRecord]) -> Result<(), String> {
+    let producer: BaseProducer<Deliveries> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("log_level", "3")
-        .create()
+        .create_with_context(Deliveries::default())
         .expect("raw producer");
     let topic_name = CString::new(topic).expect("topic name");
     for record in records {
@@ -128,8 +157,13 @@ pub fn produce_raw(bootstrap: &str, topic: &str, partition: i32, records: &[RawR
                 rdsys::rd_kafka_error_destroy(error);
                 rdsys::rd_kafka_headers_destroy(headers);
             }
-            panic!("producing a raw record to {topic} failed: {message}");
+            return Err(format!("producing a raw record to {topic} failed: {message}"));
         }
     }
-    producer.flush(Duration::from_secs(30)).expect("raw records acknowledged");
+    producer.flush(Duration::from_secs(30)).map_err(|e| format!("raw records to {topic} not acknowledged: {e}"))?;
+    let refused = std::mem::take(&mut *producer.context().0.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    match refused.is_empty() {
+        true => Ok(()),
+        false => Err(format!("raw records to {topic} refused: {refused:?}")),
+    }
 }
