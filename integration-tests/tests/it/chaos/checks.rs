@@ -63,6 +63,8 @@ pub(super) async fn check(env: &TestEnv, daemon: &Daemon, history: &History, pla
         postings.iter().map(|p| (p.get(0), p.get(1), p.get(2), p.get(3))).collect();
     let outcomes = outcome_events(env).await;
 
+    // First: it waits until every group has consumed everything, poison included.
+    let offsets = offsets::at_the_end(env).await;
     let mut checks = vec![idempotency(history, &stored), final_status(history, &stored)];
     checks.push(postings_agree(&stored, &postings));
     checks.push(money(db.query("SELECT id::text, balance_cents FROM accounts", &[]).await, &postings));
@@ -81,8 +83,8 @@ pub(super) async fn check(env: &TestEnv, daemon: &Daemon, history: &History, pla
     checks.push(super::notified::notifications(env, history, &stored_statuses(&stored), &outcomes).await);
     checks.push(super::order::publish_order(env, history).await);
     checks.push(outbox(env).await);
-    checks.push(offsets::at_the_end(env).await);
-    checks.push(faults_fired(history, plan));
+    checks.push(offsets);
+    checks.push(faults_fired(env, history, plan).await);
     checks.push(ledger_check(daemon).await);
     checks
 }
@@ -105,19 +107,26 @@ fn idempotency(history: &History, stored: &HashMap<Uuid, Stored>) -> Check {
             None => violations.push(format!("transfer {id} has no Idempotency-Key")),
         }
     }
-    let mut sent: HashMap<&str, (bool, HashSet<String>)> = HashMap::new();
+    let mut sent: HashMap<&str, (bool, HashSet<String>, &Value)> = HashMap::new();
     for c in history.calls.iter().filter(|c| c.path == "/transfers") {
-        let entry = sent.entry(&c.key).or_default();
+        let entry = sent.entry(&c.key).or_insert((false, HashSet::new(), &c.request));
         if c.status == 201 || c.status == 200 {
             entry.0 = true;
             entry.1.insert(c.response["id"].as_str().unwrap_or_default().to_owned());
         }
     }
-    for (key, (answered, ids)) in &sent {
+    for (key, (answered, ids, request)) in &sent {
         let rows = by_db.get(key).map_or(&[][..], Vec::as_slice);
         let named: HashSet<String> = rows.iter().map(Uuid::to_string).collect();
         if rows.len() > 1 || *answered && rows.len() != 1 || ids.iter().any(|id| !named.contains(id)) {
             violations.push(format!("key {key}: rows {rows:?}, answers named {ids:?}"));
+        }
+        // What was stored is what was asked for.
+        for t in rows.iter().filter_map(|id| stored.get(id)) {
+            let asked = (request["sourceAccount"].as_str(), request["destinationAccount"].as_str());
+            if asked != (Some(t.from.as_str()), Some(t.to.as_str())) || request["amountCents"] != t.amount {
+                violations.push(format!("key {key}: stored {} -> {} {}, asked {request}", t.from, t.to, t.amount));
+            }
         }
     }
     for (key, rows) in &by_db {
@@ -128,6 +137,8 @@ fn idempotency(history: &History, stored: &HashMap<Uuid, Stored>) -> Check {
     Check { name: "one transfer per Idempotency-Key, none without a request", checked: sent.len(), violations }
 }
 
+/// Every transfer an answer named exists, and every stored transfer (answered or not:
+/// a client may never have heard of its commit) is final once the system is quiet.
 fn final_status(history: &History, stored: &HashMap<Uuid, Stored>) -> Check {
     let accepted: HashSet<Uuid> = history
         .calls
@@ -135,12 +146,16 @@ fn final_status(history: &History, stored: &HashMap<Uuid, Stored>) -> Check {
         .filter(|c| c.path == "/transfers" && (c.status == 201 || c.status == 200))
         .filter_map(|c| c.response["id"].as_str().and_then(|id| id.parse().ok()))
         .collect();
-    let violations = accepted
+    let mut violations: Vec<String> = accepted
         .iter()
-        .filter(|id| stored.get(id).is_none_or(|t| t.status == "PENDING"))
-        .map(|id| format!("accepted transfer {id} is {:?}", stored.get(id).map(|t| &t.status)))
+        .filter(|id| !stored.contains_key(id))
+        .map(|id| format!("accepted transfer {id} is not stored"))
         .collect();
-    Check { name: "every accepted transfer has one final status", checked: accepted.len(), violations }
+    violations.extend(
+        stored.iter().filter(|(_, t)| t.status == "PENDING").map(|(id, _)| format!("transfer {id} is still PENDING")),
+    );
+    violations.extend(history.not_quiet.clone());
+    Check { name: "every accepted transfer has one final status", checked: stored.len(), violations }
 }
 
 fn postings_agree(stored: &HashMap<Uuid, Stored>, postings: &[(Uuid, String, String, i64)]) -> Check {
@@ -186,7 +201,8 @@ fn money(accounts: Vec<tokio_postgres::Row>, postings: &[(Uuid, String, String, 
 /// Every outcome event on `transfers.settled` and `transfers.rejected`, by transfer id:
 /// the distinct (topic, event id) pairs and each event's payload. A redelivery or a
 /// republished outbox row repeats an event under its id; two ids are two outcomes.
-pub(super) type Outcomes = HashMap<String, HashMap<(String, String), Vec<u8>>>;
+/// Every copy's payload is kept: copies of one event must agree byte for byte.
+pub(super) type Outcomes = HashMap<String, HashMap<(String, String), Vec<Vec<u8>>>>;
 
 async fn outcome_events(env: &TestEnv) -> Outcomes {
     let mut out: Outcomes = HashMap::new();
@@ -194,9 +210,8 @@ async fn outcome_events(env: &TestEnv) -> Outcomes {
         for r in read_topic(env.bootstrap(), topic, Deadline::secs(30)).await.expect("read an outcome topic") {
             let v = json_of(&r);
             let (Some(id), Some(event)) = (v["transferId"].as_str(), v["eventId"].as_str()) else { continue };
-            out.entry(id.to_owned())
-                .or_default()
-                .insert((topic.to_owned(), event.to_owned()), r.payload.clone().unwrap_or_default());
+            let copies = out.entry(id.to_owned()).or_default().entry((topic.to_owned(), event.to_owned())).or_default();
+            copies.push(r.payload.clone().unwrap_or_default());
         }
     }
     out
@@ -234,37 +249,67 @@ fn outcomes_agree(stored: &HashMap<Uuid, Stored>, decisions: &HashMap<Uuid, Stri
             ));
         }
     }
+    for (id, events) in outcomes {
+        if !id.parse::<Uuid>().is_ok_and(|id| stored.contains_key(&id)) {
+            violations.push(format!("outcome events {:?} for {id}, which is no transfer", events.keys()));
+        }
+        for ((topic, event), copies) in events {
+            if copies.iter().any(|c| *c != copies[0]) {
+                violations.push(format!("event {event} on {topic} published with different bytes"));
+            }
+        }
+    }
     Check { name: "status, stored decision and outcome event agree", checked: stored.len(), violations }
 }
 
-/// Every poison and hostile record is dead-lettered (DLT topic or fallback table), and
-/// every dead letter, on a DLT or in the table, is one of them.
+/// The consumer groups of tally that read `topic` (default configuration).
+fn consumers_of(topic: &str) -> Vec<String> {
+    let c = tally_engine::Config::default();
+    let t = &c.kafka.topics;
+    let mut groups = Vec::new();
+    if topic == t.transfers_requested {
+        groups.push(c.antifraud.group_id.clone());
+    }
+    if topic == t.transfers_analyzed {
+        groups.push(c.ledger.group_id.clone());
+    }
+    if topic == t.transfers_settled || topic == t.transfers_rejected {
+        groups.extend([c.projection.group_id.clone(), c.notifications.group_id.clone()]);
+    }
+    if topic == t.orders_received {
+        groups.push(c.orders.group_id.clone());
+    }
+    groups
+}
+
+/// Every poison and hostile record is dead-lettered (DLT topic or fallback table) by
+/// every group that consumes its topic, and every dead letter is one of them.
 async fn dead_letters(env: &TestEnv, history: &History) -> Check {
-    let mut dlt_payloads: Vec<String> = Vec::new();
+    // (group, payload) of every dead letter.
+    let mut dead: Vec<(String, String)> = Vec::new();
     for topic in CONSUMED {
         let dlt = tally_schema::topics::dlt(topic);
         for r in read_topic(env.bootstrap(), &dlt, Deadline::secs(30)).await.expect("read a DLT") {
-            dlt_payloads.push(String::from_utf8_lossy(r.payload.as_deref().unwrap_or_default()).into_owned());
+            let group = r.header(tally_schema::headers::DLT_CONSUMER_GROUP).unwrap_or_default().to_owned();
+            dead.push((group, String::from_utf8_lossy(r.payload.as_deref().unwrap_or_default()).into_owned()));
         }
     }
-    let rows = env.db.query("SELECT payload FROM dead_letters", &[]).await;
-    let table: Vec<String> = rows
-        .iter()
-        .map(|r| String::from_utf8_lossy(&r.get::<_, Option<Vec<u8>>>(0).unwrap_or_default()).into_owned())
-        .collect();
-    let mut violations: Vec<String> = history
-        .poison
-        .iter()
-        .filter(|m| !dlt_payloads.contains(m) && !table.contains(m))
-        .map(|m| format!("poison {m} is in no DLT"))
-        .collect();
-    violations.extend(
-        dlt_payloads
-            .iter()
-            .chain(&table)
-            .filter(|p| !history.poison.contains(p))
-            .map(|p| format!("dead-lettered without being poison: {}", p.chars().take(120).collect::<String>())),
-    );
+    for r in env.db.query("SELECT consumer_group, payload FROM dead_letters", &[]).await {
+        let payload = r.get::<_, Option<Vec<u8>>>(1).unwrap_or_default();
+        dead.push((r.get(0), String::from_utf8_lossy(&payload).into_owned()));
+    }
+    let mut violations = Vec::new();
+    for injected in &history.poison {
+        for group in consumers_of(&injected.topic) {
+            if !dead.iter().any(|(g, p)| *g == group && *p == injected.marker) {
+                violations
+                    .push(format!("poison {} on {} not dead-lettered by {group}", injected.marker, injected.topic));
+            }
+        }
+    }
+    violations.extend(dead.iter().filter(|(_, p)| !history.poison.iter().any(|i| i.marker == *p)).map(|(g, p)| {
+        format!("dead-lettered by {g} without being poison: {}", p.chars().take(120).collect::<String>())
+    }));
     Check { name: "every poison record dead-lettered, and nothing else", checked: history.poison.len(), violations }
 }
 
@@ -273,9 +318,14 @@ async fn dead_letters(env: &TestEnv, history: &History) -> Check {
 async fn orders(env: &TestEnv, history: &History) -> Check {
     let db = &env.db;
     let mut by_reference: HashMap<String, HashSet<String>> = HashMap::new();
-    for c in history.calls.iter().filter(|c| c.path == "/orders" && (c.status == 201 || c.status == 200)) {
-        let reference = c.request["externalReference"].as_str().unwrap_or_default().to_owned();
-        by_reference.entry(reference).or_default().insert(c.response["id"].as_str().unwrap_or_default().to_owned());
+    let mut requests: HashMap<&str, &Value> = HashMap::new();
+    for c in history.calls.iter().filter(|c| c.path == "/orders") {
+        let reference = c.request["externalReference"].as_str().unwrap_or_default();
+        requests.insert(reference, &c.request);
+        if c.status == 201 || c.status == 200 {
+            let id = c.response["id"].as_str().unwrap_or_default().to_owned();
+            by_reference.entry(reference.to_owned()).or_default().insert(id);
+        }
     }
     let orders = db
         .query(
@@ -284,11 +334,27 @@ async fn orders(env: &TestEnv, history: &History) -> Check {
             &[],
         )
         .await;
-    let mut violations: Vec<String> = by_reference
-        .iter()
-        .filter(|(_, ids)| ids.len() > 1)
-        .map(|(r, ids)| format!("reference {r}: orders {ids:?}"))
-        .collect();
+    // Every order taken, answered or not, is received once, as it was asked for.
+    let mut violations: Vec<String> = Vec::new();
+    for r in &orders {
+        let (id, reference, n): (Uuid, String, i64) = (r.get(0), r.get(1), r.get(2));
+        if n != 1 {
+            violations.push(format!("order {id} ({reference}) received {n} times"));
+        }
+        if !requests.contains_key(reference.as_str()) {
+            violations.push(format!("order {id} under {reference}, which no client sent"));
+        }
+    }
+    for r in db.query("SELECT external_reference, customer_id, amount_cents FROM received_orders", &[]).await {
+        let (reference, customer, amount): (String, String, i64) = (r.get(0), r.get(1), r.get(2));
+        let asked = requests.get(reference.as_str());
+        if asked.is_none_or(|a| a["customerId"] != customer.as_str() || a["amountCents"] != amount) {
+            violations.push(format!("received {reference} {customer} {amount}, asked {asked:?}"));
+        }
+    }
+    violations.extend(
+        by_reference.iter().filter(|(_, ids)| ids.len() > 1).map(|(r, ids)| format!("reference {r}: orders {ids:?}")),
+    );
     let mut rows_by_reference: HashMap<String, usize> = HashMap::new();
     let received: HashMap<Uuid, i64> = orders
         .iter()
@@ -323,17 +389,17 @@ async fn outbox(env: &TestEnv) -> Check {
     let rows = env.db.query("SELECT id, topic, published_at IS NOT NULL FROM outbox_events", &[]).await;
     let outbox: HashMap<String, (String, bool)> =
         rows.iter().map(|r| (r.get::<_, Uuid>(0).to_string(), (r.get(1), r.get(2)))).collect();
-    let mut on_topics: HashSet<String> = HashSet::new();
+    let mut on_topics: HashSet<(String, String)> = HashSet::new();
     for topic in outbox.values().map(|r| r.0.as_str()).collect::<HashSet<_>>() {
         for r in read_topic(env.bootstrap(), topic, Deadline::secs(30)).await.expect("read an outbox topic") {
-            on_topics.extend(r.header("event-id").map(str::to_owned));
+            on_topics.extend(r.header("event-id").map(|id| (topic.to_owned(), id.to_owned())));
         }
     }
     let mut violations = Vec::new();
     for (id, (topic, published)) in &outbox {
         if !published {
             violations.push(format!("row {id} on {topic} unpublished"));
-        } else if !on_topics.contains(id) {
+        } else if !on_topics.contains(&(topic.clone(), id.clone())) {
             violations.push(format!("row {id} marked published but not on {topic}"));
         }
     }
@@ -341,9 +407,10 @@ async fn outbox(env: &TestEnv) -> Check {
 }
 
 /// Every scheduled fault fired, while work was in flight; every graceful stop exited 0
-/// within its minute; the intake's commit was cut at least once and its key retried.
-fn faults_fired(history: &History, plan: &[Planned]) -> Check {
-    let mut violations = Vec::new();
+/// within its minute; no daemon exited on its own; the intake's commit was cut (a key in
+/// `chaos_cut`) and the cut key's retry answered 201.
+async fn faults_fired(env: &TestEnv, history: &History, plan: &[Planned]) -> Check {
+    let mut violations = history.crashes.clone();
     for (i, p) in plan.iter().enumerate() {
         match history.fired.get(i) {
             None => violations.push(format!("{:?} due after {} answers never fired", p.kind, p.after)),
@@ -355,15 +422,20 @@ fn faults_fired(history: &History, plan: &[Planned]) -> Check {
             Some(_) => {}
         }
     }
-    let cut: HashSet<&str> = history
+    let cut: HashSet<String> = env.db.query("SELECT key FROM chaos_cut", &[]).await.iter().map(|r| r.get(0)).collect();
+    let unknown = |c: &&super::load::Call| c.status == 500 && c.response["error"]["code"] == "outcome_unknown";
+    let answered_unknown: HashSet<&str> = history.calls.iter().filter(unknown).map(|c| c.key.as_str()).collect();
+    let retried = history
         .calls
         .iter()
-        .filter(|c| c.status == 500 && c.response["error"]["code"] == "outcome_unknown")
-        .map(|c| c.key.as_str())
-        .collect();
-    let retried = history.calls.iter().filter(|c| cut.contains(c.key.as_str()) && c.status == 201).count();
+        .filter(|c| c.status == 201 && cut.contains(&c.key) && answered_unknown.contains(c.key.as_str()))
+        .count();
     if retried == 0 {
-        violations.push(format!("no 500 outcome_unknown answer was retried to a 201 ({} keys cut)", cut.len()));
+        violations.push(format!(
+            "no cut commit answered 500 outcome_unknown and then 201 ({} keys cut, {} answered outcome_unknown)",
+            cut.len(),
+            answered_unknown.len()
+        ));
     }
     Check { name: "every scheduled fault fired while work was in flight", checked: plan.len() + 1, violations }
 }

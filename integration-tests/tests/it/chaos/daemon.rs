@@ -3,7 +3,6 @@
 use std::time::{Duration, Instant};
 
 use tally_integration_tests::{spawn_tally_process, TallyProcess, TestEnv};
-use uuid::Uuid;
 
 pub(super) struct Daemon {
     pub name: &'static str,
@@ -18,10 +17,12 @@ fn free_port() -> u16 {
 }
 
 impl Daemon {
-    pub fn new(name: &'static str, extra: &[(&str, &str)]) -> Self {
+    /// Daemon `name` of the run of `seed` (its instance id comes from both).
+    pub fn new(name: &'static str, seed: u64, extra: &[(&str, &str)]) -> Self {
         let (intake, admin) = (free_port(), free_port());
+        let id = super::load::hash(seed, name) & 0xff_ffff;
         let mut env: Vec<(String, String)> = vec![
-            ("TALLY__INSTANCE__ID".into(), format!("chaos-{name}-{}", &Uuid::new_v4().simple().to_string()[..6])),
+            ("TALLY__INSTANCE__ID".into(), format!("chaos-{name}-{id:06x}")),
             ("TALLY__HTTP__INTAKE_ADDR".into(), format!("127.0.0.1:{intake}")),
             ("TALLY__HTTP__ADMIN_ADDR".into(), format!("127.0.0.1:{admin}")),
             ("TALLY__LOG__LEVEL".into(), std::env::var("TALLY_CHAOS_LOG").unwrap_or_else(|_| "warn".into())),
@@ -39,6 +40,14 @@ impl Daemon {
     pub fn start(&mut self, env: &TestEnv) {
         let vars: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         self.child = Some(spawn_tally_process(env, &vars));
+    }
+
+    /// How the process ended, when it did (without being asked to by [`Daemon::kill`] or
+    /// [`Daemon::terminate`], which take it away first).
+    pub fn exited(&mut self) -> Option<String> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(status.to_string())
     }
 
     /// kill -9, and reaped.

@@ -11,7 +11,7 @@ use tally_integration_tests::hostile::{try_produce_raw, RawRecord};
 use tally_integration_tests::{producer, read_topic, Deadline, TestEnv};
 
 use super::checks::json_of;
-use super::load::{hash, History, Progress};
+use super::load::{hash, History, Injected, Progress};
 use super::CONSUMED;
 
 /// Answered requests between two injections.
@@ -48,7 +48,8 @@ pub(super) async fn records(env: &TestEnv, seed: u64, (progress, history): (&Pro
         })
         .await
         .expect("produce poison and hostile records");
-        history.lock().expect("history").poison.extend([marker, hostile_marker]);
+        let injected = [marker, hostile_marker].map(|marker| Injected { topic: topic.to_owned(), marker });
+        history.lock().expect("history").poison.extend(injected);
         let Ok(records) = read_topic(env.bootstrap(), topic, Deadline::secs(10)).await else {
             continue;
         };

@@ -47,11 +47,22 @@ pub(super) struct History {
     pub calls: Vec<Call>,
     /// What the fault schedule did, in order.
     pub fired: Vec<Fired>,
-    /// Markers (record values) of every poison and hostile record produced.
-    pub poison: Vec<String>,
+    /// Every poison and hostile record produced: its topic and marker (its value).
+    pub poison: Vec<Injected>,
+    /// Exits of a daemon that no fault asked for (a crash).
+    pub crashes: Vec<String>,
+    /// Why the system was not quiet in time after the faults, if it was not.
+    pub not_quiet: Option<String>,
     pub duplicates: usize,
     /// Every webhook call the receiver got.
     pub deliveries: Vec<ReceivedCall>,
+}
+
+/// A poison or hostile record produced straight to a consumed topic.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(super) struct Injected {
+    pub topic: String,
+    pub marker: String,
 }
 
 /// The run's logical clock and the load's state, shared by clients and faults.

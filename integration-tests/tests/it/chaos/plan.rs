@@ -28,9 +28,9 @@ pub(super) enum Kind {
     Term,
     /// Every database connection of tally ended.
     DbConnections,
-    /// The database refuses tally for longer than any retry budget.
+    /// The database refuses tally for longer than a stage's whole retry budget.
     DbRefused,
-    /// A failover as tally sees it: connections ended, the database read-only for a while.
+    /// A failover as tally sees it: connections ended, the database read-only for as long.
     DbReadOnly,
     /// A few request errors on one broker API.
     BrokerErrors,
@@ -111,7 +111,9 @@ pub(super) fn plan(seed: u64, count: usize) -> Vec<Planned> {
                 Kind::Kill | Kind::Term => (rng.random_range(0..2), rng.random_range(500..3_000)),
                 Kind::Stop => (rng.random_range(0..2), rng.random_range(2_000..4_000)),
                 Kind::DbConnections => (0, 0),
-                Kind::DbRefused | Kind::DbReadOnly => (0, rng.random_range(2_000..5_000)),
+                // Longer than a stage's whole retry budget (0.5 + 1 + 2 + 4 + 8 s by
+                // default): a stage that counted the outage against it would dead-letter.
+                Kind::DbRefused | Kind::DbReadOnly => (0, rng.random_range(16_500..20_000)),
                 Kind::BrokerErrors => (rng.random_range(0..3), 0),
                 Kind::BrokerLatency => (rng.random_range(0..3), rng.random_range(50..400)),
                 Kind::BrokerDown => (rng.random_range(0..3), rng.random_range(500..2_500)),
@@ -141,8 +143,17 @@ pub(super) async fn execute(
             eprintln!("chaos: the logical clock stood at {} when the run's time was up", progress.now());
             return;
         }
-        let pending = env.db.scalar_i64("SELECT count(*) FROM transfers WHERE status = 'PENDING'", &[]).await;
-        let in_flight = pending + progress.in_flight.load(Ordering::SeqCst) as i64;
+        restart_crashed(env, daemons, history, &http).await;
+        // A fault is meant to hit work in flight: wait (a little) for some.
+        let mut in_flight = 0;
+        let waited = Instant::now();
+        while in_flight == 0 && waited.elapsed() < Duration::from_secs(5) {
+            let pending = env.db.scalar_i64("SELECT count(*) FROM transfers WHERE status = 'PENDING'", &[]).await;
+            in_flight = pending + progress.in_flight.load(Ordering::SeqCst) as i64;
+            if in_flight == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         let mut fired = Fired {
             kind: p.kind,
             at_ms: started.elapsed().as_millis(),
@@ -232,6 +243,23 @@ pub(super) async fn execute(
     }
 }
 
+/// Records and restarts every daemon that exited without a fault asking it to.
+pub(super) async fn restart_crashed(
+    env: &TestEnv,
+    daemons: &mut [Daemon],
+    history: &Mutex<History>,
+    http: &reqwest::Client,
+) {
+    for d in daemons.iter_mut() {
+        if let Some(exit) = d.exited() {
+            eprintln!("chaos: daemon {} exited on its own: {exit}", d.name);
+            history.lock().expect("history").crashes.push(format!("daemon {} exited on its own: {exit}", d.name));
+            d.start(env);
+            d.wait_ready(http).await;
+        }
+    }
+}
+
 /// Kills the database connections of every tally process on the test database.
 async fn kill_connections(env: &TestEnv) -> u64 {
     env.db
@@ -264,7 +292,7 @@ pub(super) async fn arm_commit_cuts(env: &TestEnv) {
                IF NEW.amount_cents % 1000 = {mark} AND NEW.idempotency_key IS NOT NULL
                   AND NOT EXISTS (SELECT 1 FROM chaos_cut WHERE key = NEW.idempotency_key) THEN
                  PERFORM set_config('application_name', 'tally-cut ' || NEW.idempotency_key, true);
-                 PERFORM pg_sleep(10);
+                 PERFORM pg_sleep(60);
                END IF;
                RETURN NULL;
              END $$;
@@ -277,9 +305,11 @@ pub(super) async fn arm_commit_cuts(env: &TestEnv) {
 
 /// Ends every connection caught inside a cut commit, remembering its key so that the
 /// retry commits; returns when `progress.stop` is set. (The history shows each cut as a
-/// 500 `outcome_unknown` answer.)
-pub(super) async fn cut_commits(env: &TestEnv, progress: &Progress, started: Instant) {
-    let db = env.db.connect().await;
+/// 500 `outcome_unknown` answer, and `chaos_cut` holds every key cut.) Its own task and
+/// connection, so that nothing the schedule blocks on delays a cut.
+pub(super) async fn cut_commits(url: String, progress: std::sync::Arc<Progress>, started: Instant) {
+    let (db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect the cutter");
+    tokio::spawn(connection);
     while !progress.stop.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let Ok(rows) = db
