@@ -4,7 +4,9 @@
 //! statement sequence, and its offset is committed after it (asynchronously, so that the
 //! partitions stay parallel, as with one consumer per partition). The rules and statements
 //! are tally's own (`tally_actors::ledger::plan`, `tally_actors::store`), apart from the
-//! balance update of one account, so the two compare like for like.
+//! balance update of one account, so the two compare like for like. It runs on a thread
+//! of its own with a single-threaded runtime, as a stage of the daemon runs on its actor
+//! system's one thread.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -58,89 +60,43 @@ struct Counts {
 /// A running classic consumer; [`ClassicConsumer::stop`] ends it.
 pub struct ClassicConsumer {
     stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    thread: std::thread::JoinHandle<anyhow::Result<LedgerCheck>>,
     counts: Arc<Counts>,
-    pool: PgPool,
 }
 
 impl ClassicConsumer {
     /// Assigns every partition of the topic from the group's committed offsets (the
-    /// beginning when none) and starts reading. Call inside a tokio runtime.
+    /// beginning when none) and starts reading, on a thread of its own with a
+    /// single-threaded runtime, as a daemon's stage runs on its actor system's thread.
     ///
     /// # Errors
-    /// When the pool or the consumer cannot be created.
+    /// When the thread, the pool or the consumer cannot be created.
     pub fn start(settings: &Settings) -> anyhow::Result<Self> {
-        let pool = build_pool(&PoolSettings {
-            url: settings.url.clone(),
-            max_size: settings.connections,
-            statement_timeout: settings.statement_timeout,
-            connect_timeout: settings.connect_timeout,
-            application_name: "tally-bench-baseline".into(),
-        })
-        .context("cannot build the baseline's pool")?;
-        let consumer: Arc<StreamConsumer> = Arc::new(
-            ClientConfig::new()
-                .set("bootstrap.servers", &settings.bootstrap)
-                .set("group.id", &settings.group)
-                .set("enable.auto.commit", "false")
-                .set("auto.offset.reset", "earliest")
-                .create()
-                .context("cannot create the baseline's consumer")?,
-        );
-        let mut assignment = TopicPartitionList::new();
-        for p in 0..settings.partitions {
-            assignment.add_partition_offset(&settings.topic, p, Offset::Stored)?;
-        }
-        consumer.assign(&assignment)?;
-        let (stop, _) = watch::channel(false);
         let counts = Arc::new(Counts::default());
-        let mut tasks = Vec::new();
-        for partition in 0..settings.partitions {
-            let queue = consumer
-                .split_partition_queue(&settings.topic, partition)
-                .context("cannot read a partition on its own")?;
-            let part = Partition {
-                consumer: Arc::clone(&consumer),
-                topic: settings.topic.clone(),
-                partition,
-                pool: pool.clone(),
-                topics: settings.topics.clone(),
-                counts: Arc::clone(&counts),
-            };
-            let mut stopped = stop.subscribe();
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    let message = tokio::select! {
-                        m = queue.recv() => m,
-                        _ = stopped.changed() => return,
-                    };
-                    match message {
-                        Ok(m) => part.handle(m.offset(), m.payload().unwrap_or_default()).await,
-                        Err(e) => tracing::warn!(error = %e, "Baseline consumer error."),
-                    }
-                }
-            }));
+        let (stop, stopped) = watch::channel(false);
+        let (ready, started) = std::sync::mpsc::channel();
+        let (settings, shared) = (settings.clone(), Arc::clone(&counts));
+        let thread = std::thread::Builder::new()
+            .name("bench-baseline".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                runtime.block_on(serve(settings, shared, stopped, ready))
+            })
+            .context("cannot start the baseline's thread")?;
+        match started.recv() {
+            Ok(Ok(())) => Ok(Self { stop, thread, counts }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => match thread.join() {
+                Ok(Err(e)) => Err(e),
+                _ => anyhow::bail!("the baseline's thread ended at start"),
+            },
         }
-        // The main queue serves the consumer's events; no record arrives there.
-        let mut stopped = stop.subscribe();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    m = consumer.recv() => if let Err(e) = m {
-                        tracing::warn!(error = %e, "Baseline consumer error.");
-                    },
-                    _ = stopped.changed() => return,
-                }
-            }
-        }));
-        Ok(Self { stop, tasks, counts, pool })
     }
 
     /// Records handled so far (settled, rejected, duplicate or undecodable).
     #[must_use]
     pub fn done(&self) -> u64 {
-        let c = &self.counts;
-        [&c.settled, &c.rejected, &c.duplicates, &c.undecodable].iter().map(|n| n.load(Ordering::Relaxed)).sum()
+        self.outcomes().iter().sum()
     }
 
     /// Settled, rejected, duplicate and undecodable records so far.
@@ -158,22 +114,112 @@ impl ClassicConsumer {
         crate::bench::quantile(&all, q)
     }
 
-    /// The ledger invariants now.
+    /// Stops reading (a record being settled finishes first) and checks the ledger
+    /// invariants.
     ///
     /// # Errors
-    /// When the database cannot be read.
-    pub async fn check(&self) -> anyhow::Result<LedgerCheck> {
-        let mut conn = self.pool.get().await.context("cannot reach the database")?;
-        Ok(tally_actors::store::check::check_ledger(&mut conn).await?)
-    }
-
-    /// Stops reading; a record being settled finishes first.
-    pub async fn stop(self) {
+    /// When the database cannot be read, or the consumer's thread panicked.
+    pub fn stop(self) -> anyhow::Result<LedgerCheck> {
         let _ = self.stop.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
+        self.thread.join().map_err(|_| anyhow::anyhow!("the baseline's thread panicked"))?
     }
+}
+
+/// The consumer's life on its thread: starts reading (`ready` says whether it could),
+/// reads until `stopped`, then checks the ledger.
+async fn serve(
+    settings: Settings,
+    counts: Arc<Counts>,
+    mut stopped: watch::Receiver<bool>,
+    ready: std::sync::mpsc::Sender<anyhow::Result<()>>,
+) -> anyhow::Result<LedgerCheck> {
+    let started = read(&settings, &counts, &stopped);
+    let (pool, tasks) = match started {
+        Ok(running) => {
+            let _ = ready.send(Ok(()));
+            running
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            anyhow::bail!("the baseline did not start");
+        }
+    };
+    let _ = stopped.changed().await;
+    for task in tasks {
+        let _ = task.await;
+    }
+    let mut conn = pool.get().await.context("cannot reach the database")?;
+    Ok(tally_actors::store::check::check_ledger(&mut conn).await?)
+}
+
+/// Creates the pool and the consumer and starts a reader per partition; returns the pool
+/// and the readers' tasks.
+fn read(
+    settings: &Settings,
+    counts: &Arc<Counts>,
+    stopped: &watch::Receiver<bool>,
+) -> anyhow::Result<(PgPool, Vec<JoinHandle<()>>)> {
+    let pool = build_pool(&PoolSettings {
+        url: settings.url.clone(),
+        max_size: settings.connections,
+        statement_timeout: settings.statement_timeout,
+        connect_timeout: settings.connect_timeout,
+        application_name: "tally-bench-baseline".into(),
+    })
+    .context("cannot build the baseline's pool")?;
+    let consumer: Arc<StreamConsumer> = Arc::new(
+        ClientConfig::new()
+            .set("bootstrap.servers", &settings.bootstrap)
+            .set("group.id", &settings.group)
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .context("cannot create the baseline's consumer")?,
+    );
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..settings.partitions {
+        assignment.add_partition_offset(&settings.topic, p, Offset::Stored)?;
+    }
+    consumer.assign(&assignment)?;
+    let mut tasks = Vec::new();
+    for partition in 0..settings.partitions {
+        let queue =
+            consumer.split_partition_queue(&settings.topic, partition).context("cannot read a partition on its own")?;
+        let part = Partition {
+            consumer: Arc::clone(&consumer),
+            topic: settings.topic.clone(),
+            partition,
+            pool: pool.clone(),
+            topics: settings.topics.clone(),
+            counts: Arc::clone(counts),
+        };
+        let mut stopped = stopped.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    m = queue.recv() => m,
+                    _ = stopped.changed() => return,
+                };
+                match message {
+                    Ok(m) => part.handle(m.offset(), m.payload().unwrap_or_default()).await,
+                    Err(e) => tracing::warn!(error = %e, "Baseline consumer error."),
+                }
+            }
+        }));
+    }
+    // The main queue serves the consumer's events; no record arrives there.
+    let mut stopped = stopped.clone();
+    tasks.push(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                m = consumer.recv() => if let Err(e) = m {
+                    tracing::warn!(error = %e, "Baseline consumer error.");
+                },
+                _ = stopped.changed() => return,
+            }
+        }
+    }));
+    Ok((pool, tasks))
 }
 
 /// One partition's reader.
@@ -218,7 +264,11 @@ impl Partition {
         {
             tracing::debug!(error = %e, "Baseline commit failed.");
         }
-        self.counts.latencies_ms.lock().unwrap_or_else(PoisonError::into_inner).push(received.elapsed().as_secs_f64() * 1e3);
+        self.counts
+            .latencies_ms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(received.elapsed().as_secs_f64() * 1e3);
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
