@@ -1,5 +1,5 @@
 //! Test-only fault switches. Each breaks one guarantee on purpose, so that the history
-//! checker under faults (`integration-tests/tests/chaos.rs`) can show that it notices.
+//! checker under faults (`integration-tests/tests/it/chaos.rs`) can show that it notices.
 //! They exist only in debug builds (`cfg(debug_assertions)`): a release build compiles
 //! every switch to `false`. In a debug build, `TALLY_FAULT=<name>` turns one on for the
 //! process, and the daemon says so at start.
@@ -30,7 +30,7 @@ pub const CRASH_HEADER: &str = "tally-fault-crash";
 ///
 /// # Panics
 /// On purpose, as described.
-pub fn crash_on_marked(record: &crate::consume::Record) {
+pub fn crash_on_marked(record: &crate::record::Record) {
     if is_on(Fault::CrashOnMarkedRecord) && record.header(CRASH_HEADER).is_some() {
         panic!("test fault: a record marked {CRASH_HEADER} crashes its stage");
     }
