@@ -5,7 +5,7 @@
 use proptest::collection::vec;
 use proptest::prelude::*;
 
-use crate::consume::{Record, MAX_HEADERS};
+use crate::record::{Record, MAX_HEADERS};
 use crate::supervise::ErrorClass;
 
 /// JSON values at the edges of what the events' fields accept.
@@ -98,7 +98,7 @@ proptest! {
         let borrowed: Vec<(&[u8], Option<&[u8]>)> =
             raw.iter().map(|(n, v)| (n.as_slice(), v.as_deref())).collect();
         let kept = &borrowed[..borrowed.len().min(MAX_HEADERS)];
-        let (headers, defect) = crate::consume::decode_headers(kept, borrowed.len());
+        let (headers, defect) = crate::record::decode_headers(kept, borrowed.len());
         prop_assert_eq!(headers.len(), kept.len());
         for ((name, value), (raw_name, raw_value)) in headers.iter().zip(kept) {
             prop_assert_eq!(value.as_deref(), *raw_value, "values are kept byte for byte");

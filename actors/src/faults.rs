@@ -30,7 +30,7 @@ pub const CRASH_HEADER: &str = "tally-fault-crash";
 ///
 /// # Panics
 /// On purpose, as described.
-pub fn crash_on_marked(record: &crate::consume::Record) {
+pub fn crash_on_marked(record: &crate::record::Record) {
     if is_on(Fault::CrashOnMarkedRecord) && record.header(CRASH_HEADER).is_some() {
         panic!("test fault: a record marked {CRASH_HEADER} crashes its stage");
     }

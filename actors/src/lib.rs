@@ -24,6 +24,7 @@ pub mod notify;
 pub mod orders;
 pub mod outbox;
 pub mod projection;
+pub mod record;
 pub mod store;
 pub mod supervise;
 pub mod trace;

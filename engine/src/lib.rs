@@ -17,5 +17,5 @@ pub mod sd_notify;
 pub mod status;
 pub mod telemetry;
 
-pub use app::{spawn, spawn_with, Daemon, DaemonHandle, KafkaEndpoint, Parts};
+pub use app::{spawn, Daemon, DaemonHandle, KafkaEndpoint};
 pub use config::Config;

@@ -112,6 +112,9 @@ fn main() -> ExitCode {
     if let Command::Status { admin: None } = &cli.command {
         return status(&format!("http://{}", config.http.admin_addr));
     }
+    if let Command::Bench { scenario } = cli.command {
+        return bench(&config, scenario);
+    }
     let traces = match telemetry::init(&config) {
         Ok(t) => t,
         Err(e) => {
@@ -124,11 +127,15 @@ fn main() -> ExitCode {
         Command::Migrate => migrate(&config),
         Command::Topics { action: TopicsCommand::Create } => topics_create(&config),
         Command::Broker { listen } => run_broker(&config, listen),
-        Command::Config { .. } | Command::Status { .. } | Command::Man => Ok(()),
-        Command::Bench { scenario } => tally_engine::bench::cli::run(&config, scenario),
+        Command::Config { .. } | Command::Status { .. } | Command::Man | Command::Bench { .. } => Ok(()),
     };
     // Every span has ended (`run` returns after the actor system is gone): send the last.
     traces.shutdown();
+    exit_code(result)
+}
+
+/// Success, or the error logged and printed.
+fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -137,6 +144,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tally bench <scenario>`: log lines to a file of the run (the progress bars keep stderr),
+/// its path printed at the end.
+fn bench(config: &Config, scenario: tally_engine::bench::cli::Scenario) -> ExitCode {
+    let log = match tally_engine::bench::logs::to_file(config, scenario.name()) {
+        Ok(path) => path,
+        Err(e) => {
+            eprintln!("tally: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = tally_engine::bench::cli::run(config, scenario);
+    eprintln!("log: {}", log.display());
+    exit_code(result)
 }
 
 /// `tally man`: the manual page, from the command line's definition.

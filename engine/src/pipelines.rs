@@ -10,7 +10,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 use tally_actors::antifraud::{Antifraud, AntifraudSpec, RiskRules, RulesRiskEngine};
 use tally_actors::consume::{Pipeline, PipelineSpec};
-use tally_actors::ledger::{BatchSettler, LedgerHandler, LedgerTopics, SettlementBatcher, Settler};
+use tally_actors::ledger::{BatchSettler, LedgerHandler, LedgerTopics, SettlementBatcher};
 use tally_actors::notify::{Notifier, NotifierSettings};
 use tally_actors::orders::OrderMaterializer;
 use tally_actors::projection::StatusProjector;
@@ -32,8 +32,6 @@ pub struct Wiring<'a> {
     pub metrics: Metrics,
     /// Producer for dead-letter writes (idempotent, acks=all).
     pub dlt_producer: FutureProducer,
-    /// The ledger's settler when not the batched one ([`crate::app::Parts::settler`]).
-    pub settler: Option<Arc<dyn Settler>>,
 }
 
 impl Wiring<'_> {
@@ -78,7 +76,6 @@ impl Wiring<'_> {
             max_live_workers: c.max_live_workers,
             idle_after: c.idle_after,
             drain_timeout,
-            commit_each: false,
             due_header: None,
         }
     }
@@ -131,11 +128,6 @@ impl Wiring<'_> {
     pub fn start_ledger(&self) -> anyhow::Result<Pipeline> {
         let cfg = &self.config.ledger;
         let topics = &self.config.kafka.topics;
-        let settler: Arc<dyn Settler> =
-            self.settler.clone().unwrap_or_else(|| Arc::new(BatchSettler { max_batch: cfg.batch_size }));
-        // One transfer per settlement: sequential per partition, a commit after each
-        // record, and as many settlements at once as the ledger's pool has connections.
-        let one_by_one = settler.one_at_a_time();
         let batcher = SettlementBatcher::new(
             self.pool(DbPool::Ledger),
             LedgerTopics {
@@ -144,22 +136,18 @@ impl Wiring<'_> {
                 max_balance_cents: cfg.max_balance_cents,
             },
             self.metrics.clone(),
-            settler,
-            if one_by_one { self.config.pool_size(DbPool::Ledger) } else { cfg.max_concurrent_batches },
+            Arc::new(BatchSettler { max_batch: cfg.batch_size }),
+            cfg.max_concurrent_batches,
             cfg.linger,
         )
         .start();
-        let mut spec = self.spec(
+        let spec = self.spec(
             "ledger",
             &cfg.group_id,
             vec![topics.transfers_analyzed.clone()],
             &cfg.retry,
             self.statement_timeout(),
         );
-        if one_by_one {
-            spec.max_in_flight = 1;
-            spec.commit_each = true;
-        }
         let stopping = Arc::new(AtomicBool::new(false));
         let supervision = self.supervision(DbPool::Ledger, "ledger", &cfg.group_id, &cfg.retry, &stopping);
         Pipeline::start(

@@ -25,8 +25,8 @@ use super::txn::{
     finish, lost_membership, new_producer, next_offsets, recovery, transact, Phase, Recovery, TxnFailure, TxnProducer,
 };
 use super::{AntifraudSpec, LoopIo, RiskEngine, BLOCKED_BY_ANTIFRAUD, PIPELINE};
-use crate::consume::Record;
 use crate::metrics::Metrics;
+use crate::record::Record;
 use crate::store;
 use crate::supervise::HandlerError;
 use refused::{set_aside, Parts};

@@ -21,7 +21,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use tracing::warn;
 
 use super::{set_admin_pause, AntifraudContext, LoopIo, PIPELINE};
-use crate::consume::{Control, Record};
+use crate::consume::Control;
+use crate::record::Record;
 
 /// Something held in a batch, by the input record it stands for.
 pub(super) trait OfRecord {

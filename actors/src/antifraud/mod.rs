@@ -51,8 +51,9 @@ use tracing::info;
 
 pub use risk::{RiskEngine, RiskRules, RulesRiskEngine};
 
-use crate::consume::{Control, DriverThread, PartitionStatus, PipelineControl, PipelineStatus, Record};
+use crate::consume::{Control, DriverThread, PartitionStatus, PipelineControl, PipelineStatus};
 use crate::metrics::Metrics;
+use crate::record::Record;
 use crate::store::PgPool;
 use crate::supervise::restart::{give_up, panic_message, CrashBook, Restarts, MAX_START_FAILURES};
 use crate::supervise::RetryPolicy;

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::decisions::Decision;
 use super::{AntifraudSpec, ANALYZED_KIND, REJECTED_KIND};
-use crate::consume::Record;
+use crate::record::Record;
 use crate::supervise::dlt_headers;
 use crate::trace;
 

@@ -15,8 +15,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::output::Output;
 use super::{AntifraudSpec, PIPELINE};
-use crate::consume::Record;
 use crate::metrics::Metrics;
+use crate::record::Record;
 use deliveries::TxnContext;
 use offsets::{GiveUp, NoAnswer, OffsetsCalls};
 

@@ -3,7 +3,7 @@
 //! callbacks of [`DriverContext`], which run on the driver thread.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -14,6 +14,7 @@ use rdkafka::{ClientContext, Statistics, TopicPartitionList};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
+use super::pause::PauseState;
 use super::{
     record_stats, window_admits, Drain, Lease, PartitionConsumer, PartitionShared, PipelineSpec, PipelineStatus,
     Record, Release, WorkerRegistry,
@@ -31,7 +32,6 @@ pub(super) struct Slot {
     pub(super) shared: Arc<PartitionShared>,
     pub(super) stored: i64,
     pub(super) stash: VecDeque<Arc<Record>>,
-    pub(super) paused: bool,
     /// This assignment's lease: drained then revoked when the partition is given up.
     pub(super) lease: Lease,
     /// The offset of the first record handed over under this assignment.
@@ -61,8 +61,8 @@ pub(super) struct DriverState {
     pub(super) lags: Mutex<HashMap<TopicPartition, i64>>,
     pub(super) in_retry: Arc<std::sync::atomic::AtomicUsize>,
     pub(super) health: Arc<DependencyHealth>,
-    /// Whether the driver paused the assignment because the pipeline is degraded.
-    pub(super) degraded_pause: AtomicBool,
+    /// Why partitions are paused (admin, degraded, held one by one).
+    pub(super) pauses: Mutex<PauseState>,
     /// The records that crashed the driver (the poison-pill rule).
     pub(super) crashes: CrashBook,
     /// The driver's restarts after a panic.
@@ -79,6 +79,10 @@ impl DriverState {
 
     pub(super) fn slots(&self) -> MutexGuard<'_, HashMap<TopicPartition, Slot>> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn pauses(&self) -> MutexGuard<'_, PauseState> {
+        self.pauses.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(super) fn assign(&self, tpl: &TopicPartitionList) {
@@ -100,7 +104,7 @@ impl DriverState {
                 PartitionConsumer::new(topic, partition, rx, max, state, registry, held)
             });
             let stash = VecDeque::new();
-            slots.insert(tp, Slot { addr, tx, shared, stored: -1, stash, paused: false, lease, first_taken: None });
+            slots.insert(tp, Slot { addr, tx, shared, stored: -1, stash, lease, first_taken: None });
         }
         if tpl.count() > 0 {
             info!(pipeline = %self.spec.name, partitions = tpl.count(), "Partitions assigned.");
@@ -121,6 +125,12 @@ impl DriverState {
         }
         if taken.is_empty() {
             return;
+        }
+        {
+            let mut pauses = self.pauses();
+            for (tp, _) in &taken {
+                pauses.revoked(tp);
+            }
         }
         let deadline = Instant::now() + self.spec.drain_timeout;
         let waits: Vec<_> = taken
@@ -200,11 +210,8 @@ impl ConsumerContext for DriverContext {
                     .inc_by(tpl.count() as u64);
                 self.shared.assign(tpl);
                 self.shared.status.lock().unwrap_or_else(PoisonError::into_inner).assigned = true;
-                // librdkafka keeps an application pause across re-assignment: a partition
-                // held (backpressure, a not-yet-due record) when it was revoked would stay
-                // paused. New slots start unheld, so resume them, unless the pipeline is
-                // paused through the admin API, which lasts across rebalances, or degraded.
-                let hold = self.shared.admin_paused() || self.shared.degraded_pause.load(Ordering::Relaxed);
+                // New slots start unheld: resumed, unless the pipeline is paused or degraded.
+                let hold = self.shared.pauses().assigned_paused();
                 let result = if hold { consumer.pause(tpl) } else { consumer.resume(tpl) };
                 if let Err(e) = result {
                     warn!(pipeline = %self.shared.spec.name, error = %e, "Cannot set the pause state of new partitions.");

@@ -8,13 +8,14 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Message;
 use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::assignment::{DriverContext, DriverState, Slot, TopicPartition};
+use super::pause::Fetch;
 use super::{Control, PartitionStatus, Record};
 
 /// The driver thread's loop: serve control commands, follow dependency health, poll,
@@ -27,7 +28,7 @@ pub(super) fn drive(
 ) -> Result<(), String> {
     let name = shared.spec.name.clone();
     // An admin pause outlives a restart of the stage.
-    let mut paused_all = shared.admin_paused();
+    shared.pauses().set_admin(shared.admin_paused());
     let mut last_gauges = Instant::now();
     let mut last_passivation = Instant::now();
     let mut last_lag = Instant::now();
@@ -43,29 +44,25 @@ pub(super) fn drive(
                     return Ok(());
                 }
                 Control::Pause(applied) => {
-                    if let Ok(tpl) = consumer.assignment() {
-                        let _ = consumer.pause(&tpl);
-                    }
-                    paused_all = true;
+                    let fetch = shared.pauses().pause();
+                    apply(consumer, shared, &fetch);
                     shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = true;
                     shared.metrics.pipeline_paused.with_label_values(&[&name]).set(1);
                     info!(pipeline = %name, "Pipeline paused.");
                     let _ = applied.send(());
                 }
                 Control::Resume(applied) => {
-                    paused_all = false;
                     shared.status.lock().unwrap_or_else(PoisonError::into_inner).paused = false;
                     shared.metrics.pipeline_paused.with_label_values(&[&name]).set(0);
                     // While degraded the partitions stay paused; resumed when it ends.
-                    if !shared.degraded_pause.load(Ordering::Relaxed) {
-                        resume_unheld(consumer, shared);
-                    }
+                    let fetch = shared.pauses().resume();
+                    apply(consumer, shared, &fetch);
                     let _ = applied.send(());
                     info!(pipeline = %name, "Pipeline resumed.");
                 }
             }
         }
-        follow_health(consumer, shared, paused_all);
+        follow_health(consumer, shared);
         let ready = shared.slots().values().any(|s| {
             s.stash.front().is_some_and(|r| is_due(shared, r) && s.admits(r.offset, shared.spec.max_uncommitted))
         });
@@ -98,7 +95,7 @@ pub(super) fn drive(
             Some(Err(e)) => crate::kafka::log_consumer_error(&name, &e),
             None => {}
         }
-        if !paused_all && !shared.degraded_pause.load(Ordering::Relaxed) {
+        if shared.pauses().flowing() {
             flush_stashes(consumer, shared);
         }
         if let Some(lost) = shared.lost.lock().unwrap_or_else(PoisonError::into_inner).take() {
@@ -121,48 +118,43 @@ pub(super) fn drive(
     }
 }
 
-/// Resumes every assigned partition not held by backpressure, the uncommitted window or a
-/// not-yet-due record (the stash flush resumes those).
-fn resume_unheld(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
-    if let Ok(tpl) = consumer.assignment() {
-        let mut ready = TopicPartitionList::new();
-        let slots = shared.slots();
-        for e in tpl.elements() {
-            let held = slots.get(&(e.topic().to_owned(), e.partition())).is_some_and(|s| s.paused);
-            if !held {
+/// Makes the consumer fetch as `fetch` says.
+fn apply(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, fetch: &Fetch) {
+    let result = match fetch {
+        Fetch::Unchanged => Ok(()),
+        Fetch::PauseAll => consumer.assignment().and_then(|tpl| consumer.pause(&tpl)),
+        Fetch::ResumeUnheld => consumer.assignment().and_then(|tpl| {
+            // Not those held by backpressure, the uncommitted window or a not-yet-due
+            // record: the stash flush resumes them.
+            let pauses = shared.pauses();
+            let mut ready = TopicPartitionList::new();
+            for e in tpl.elements().iter().filter(|e| !pauses.is_held(&(e.topic().to_owned(), e.partition()))) {
                 ready.add_partition(e.topic(), e.partition());
             }
-        }
-        drop(slots);
-        if let Err(e) = consumer.resume(&ready) {
-            warn!(pipeline = %shared.spec.name, error = %e, "Cannot resume partitions.");
-        }
+            drop(pauses);
+            consumer.resume(&ready)
+        }),
+        Fetch::Pause((topic, partition)) => consumer.pause(&tpl_of(topic, *partition)),
+        Fetch::Resume((topic, partition)) => consumer.resume(&tpl_of(topic, *partition)),
+    };
+    if let Err(e) = result {
+        warn!(pipeline = %shared.spec.name, error = %e, ?fetch, "Cannot pause or resume partitions.");
     }
 }
 
 /// Pauses the assignment when the pipeline became degraded (a record waits for an
 /// unavailable dependency) and resumes it when no record waits any more, unless the
 /// pipeline is paused through the admin API.
-fn follow_health(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, admin_paused: bool) {
+fn follow_health(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
     let name = &shared.spec.name;
     let degraded = shared.health.is_degraded();
-    if degraded == shared.degraded_pause.load(Ordering::Relaxed) {
-        return;
-    }
-    shared.degraded_pause.store(degraded, Ordering::Relaxed);
+    let Some(fetch) = shared.pauses().health(degraded) else { return };
     shared.metrics.pipeline_degraded.with_label_values(&[name]).set(i64::from(degraded));
+    apply(consumer, shared, &fetch);
     if degraded {
-        if let Ok(tpl) = consumer.assignment() {
-            if let Err(e) = consumer.pause(&tpl) {
-                warn!(pipeline = %name, error = %e, "Cannot pause partitions.");
-            }
-        }
         let reason = shared.health.degradation().map(|d| d.reason).unwrap_or_default();
         warn!(pipeline = %name, reason, "Pipeline degraded: a dependency is unavailable; partitions paused.");
     } else {
-        if !admin_paused {
-            resume_unheld(consumer, shared);
-        }
         info!(pipeline = %name, "Dependency available again; pipeline resumed.");
     }
     publish_gauges(shared);
@@ -187,7 +179,7 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, record: A
     }
     if !is_due(shared, &record) || !slot.admits(record.offset, shared.spec.max_uncommitted) {
         slot.stash.push_back(record);
-        hold(consumer, shared, slot, &tp);
+        hold(consumer, shared, &tp);
         return;
     }
     let offset = record.offset;
@@ -195,7 +187,7 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, record: A
         Ok(()) => taken(consumer, slot, &tp, offset),
         Err(mpsc::error::TrySendError::Full(record)) => {
             slot.stash.push_back(record);
-            hold(consumer, shared, slot, &tp);
+            hold(consumer, shared, &tp);
         }
         Err(mpsc::error::TrySendError::Closed(_)) => lost(shared, &tp),
     }
@@ -205,13 +197,9 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, record: A
 /// due).
 /// librdkafka drops what it prefetched for it and, on resume, fetches again after the last
 /// record handed to tally.
-fn hold(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, slot: &mut Slot, tp: &TopicPartition) {
-    if !slot.paused {
-        slot.paused = true;
-        if let Err(e) = consumer.pause(&tpl_of(&tp.0, tp.1)) {
-            warn!(pipeline = %shared.spec.name, error = %e, "Cannot pause partition.");
-        }
-    }
+fn hold(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, tp: &TopicPartition) {
+    let fetch = shared.pauses().hold(tp);
+    apply(consumer, shared, &fetch);
 }
 
 /// Whether `record` may be handled now (always, unless the pipeline reads a due header).
@@ -243,11 +231,9 @@ fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
                 }
             }
         }
-        if slot.stash.is_empty() && slot.paused {
-            slot.paused = false;
-            if let Err(e) = consumer.resume(&tpl_of(topic, *partition)) {
-                warn!(pipeline = %shared.spec.name, error = %e, "Cannot resume partition.");
-            }
+        if slot.stash.is_empty() {
+            let fetch = shared.pauses().release(&(topic.clone(), *partition));
+            apply(consumer, shared, &fetch);
         }
     }
 }
@@ -271,25 +257,13 @@ fn taken(consumer: &BaseConsumer<DriverContext>, slot: &mut Slot, tp: &TopicPart
 }
 
 fn store_watermarks(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
-    let mut stored_any = false;
     for ((topic, partition), slot) in shared.slots().iter_mut() {
         let watermark = slot.shared.watermark.load(Ordering::Acquire);
         if watermark > slot.stored {
             match consumer.store_offset(topic, *partition, watermark) {
-                Ok(()) => {
-                    slot.stored = watermark;
-                    stored_any = true;
-                }
+                Ok(()) => slot.stored = watermark,
                 Err(e) => debug!(pipeline = %shared.spec.name, topic, partition, error = %e, "Cannot store offset."),
             }
-        }
-    }
-    if stored_any && shared.spec.commit_each {
-        // One commit request per completed record (a classic consumer's acknowledge-after-each).
-        // Asynchronous, so that partitions stay parallel as with one consumer per
-        // partition; a synchronous commit here would serialise every partition behind it.
-        if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
-            debug!(pipeline = %shared.spec.name, error = %e, "Commit failed.");
         }
     }
 }
@@ -332,6 +306,7 @@ fn publish_gauges(shared: &DriverState) {
     shared.metrics.live_actors.with_label_values(&[name]).set(live as i64);
 
     let stats = shared.stats.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let pauses = shared.pauses().clone();
     let lags = shared.lags.lock().unwrap_or_else(PoisonError::into_inner).clone();
     let mut partitions: Vec<PartitionStatus> = shared
         .slots()
@@ -346,7 +321,7 @@ fn publish_gauges(shared: &DriverState) {
                 stored_offset: (slot.stored >= 0).then_some(slot.stored + 1),
                 lag: (lag >= 0).then_some(lag),
                 in_flight: slot.shared.in_flight.load(Ordering::Relaxed) + slot.stash.len(),
-                held: slot.paused,
+                held: pauses.is_held(&(topic.clone(), *partition)),
             }
         })
         .collect();

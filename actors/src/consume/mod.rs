@@ -29,11 +29,9 @@
 mod assignment;
 mod control;
 mod driver;
-mod lease;
 mod offsets;
 mod partition;
-mod raw_headers;
-mod record;
+mod pause;
 mod spec;
 mod status;
 mod supervised;
@@ -51,14 +49,11 @@ use assignment::DriverState;
 pub(crate) use assignment::StatsView;
 use supervised::{subscribe, supervised};
 
+pub use crate::record::{Header, Lease, Origin, Record, MAX_HEADERS};
 pub use control::PipelineControl;
 pub(crate) use control::{Control, DriverThread};
-pub use lease::Lease;
 pub use offsets::{window_admits, OffsetTracker};
 pub use partition::{Drain, PartitionBook, PartitionConsumer, PartitionShared, Release};
-#[cfg(test)]
-pub(crate) use record::decode_headers;
-pub use record::{Header, Origin, Record, MAX_HEADERS};
 pub use spec::PipelineSpec;
 pub(crate) use status::{publish_lag, record_stats};
 pub use status::{PartitionStatus, PipelineStatus};
@@ -115,7 +110,7 @@ impl Pipeline {
             lags: Mutex::default(),
             in_retry,
             health,
-            degraded_pause: AtomicBool::new(false),
+            pauses: Mutex::default(),
             crashes: CrashBook::default(),
             restarts: Arc::default(),
             lost: Mutex::default(),

@@ -25,8 +25,6 @@ pub struct PipelineSpec {
     pub idle_after: Duration,
     /// Longest wait for in-flight work when a partition is revoked or the pipeline stops.
     pub drain_timeout: Duration,
-    /// Commit after every completed record (the bench's classic-consumer baseline).
-    pub commit_each: bool,
     /// Header holding a record's due time (epoch milliseconds), for retry topics: a record
     /// not yet due is held and its partition paused until then, without holding up other
     /// partitions.

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use crate::consume::{Lease, Record};
+use crate::record::{Lease, Record};
 use crate::supervise::{Completion, RecordHandler, Stopping, Supervision};
 
 pub struct KeyedWorker {

@@ -301,7 +301,7 @@ pub fn read(consumer: &BaseConsumer, topic: &str, selection: &Selection, deadlin
                             key: m.key().map(<[u8]>::to_vec),
                             payload: m.payload().map(<[u8]>::to_vec),
                             // Read as consumed records are: anyone may write to a DLT.
-                            headers: crate::consume::Record::all_headers(&m),
+                            headers: crate::record::Record::all_headers(&m),
                         });
                     }
                     if m.offset() + 1 >= end {

@@ -17,8 +17,8 @@ use tally_schema::{headers, topics};
 use tracing::{error, warn};
 
 use crate::backoff::Backoff;
-use crate::consume::{Lease, Record};
 use crate::metrics::Metrics;
+use crate::record::{Lease, Record};
 use crate::store::dead_letters::{store_dead_letter, DeadLetterRow};
 use crate::store::PgPool;
 

@@ -45,17 +45,10 @@ impl Classify for SettleError {
 }
 
 /// How a batch of transfers is settled, in one call on one connection. The daemon uses
-/// [`BatchSettler`]; the bench plugs in its one-transaction-per-transfer baseline.
+/// [`BatchSettler`]; tests plug in settlers that record or fail.
 pub trait Settler: Send + Sync + 'static {
     /// Most transfers per call.
     fn max_batch(&self) -> usize;
-
-    /// The classic consumer's shape: sequential per partition, a commit after each record,
-    /// a settlement per pool connection. Only the bench's baseline says yes; a batch size
-    /// of one alone does not make a settler this.
-    fn one_at_a_time(&self) -> bool {
-        false
-    }
 
     /// Settles `batch`; the outcomes are in batch order. On an error nothing is written.
     fn settle<'a>(

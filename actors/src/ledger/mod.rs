@@ -21,7 +21,7 @@ pub use settle::{
     SETTLED_KIND,
 };
 
-use crate::consume::Record;
+use crate::record::Record;
 use crate::supervise::{HandlerError, RecordHandler};
 use crate::trace;
 

@@ -4,7 +4,7 @@
 //!
 //! The rules are applied in memory by [`super::plan::plan_batch`] (plain, unit-tested);
 //! the statements are in [`crate::store::accounts`] and [`crate::store::transfers`]. The
-//! bench's one-transfer baseline is `tally_engine::bench::baseline`.
+//! bench's one-transfer baseline is `tally_engine::bench::baseline::ledger`.
 //!
 //! 1. Inbox: `INSERT INTO processed_transfers ... ON CONFLICT (transfer_id) DO NOTHING
 //!    RETURNING transfer_id`, in transfer id order (so batches sharing redelivered

@@ -34,8 +34,8 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::backoff::Backoff;
-use crate::consume::{Lease, Record};
 use crate::metrics::Metrics;
+use crate::record::{Lease, Record};
 use crate::store::notifications::Delivery;
 use crate::store::PgPool;
 use crate::supervise::{DeadLetters, HandlerError, RecordHandler};

@@ -21,7 +21,7 @@ use tally_schema::Currency;
 
 pub use crate::store::orders::{materialize, Materialized};
 
-use crate::consume::Record;
+use crate::record::Record;
 use crate::store::PgPool;
 use crate::supervise::{HandlerError, RecordHandler};
 

@@ -38,9 +38,6 @@ pub struct PublisherSettings {
     pub cleanup_interval: Duration,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
-    /// Claim again at once while rows are pending (tally). `false` is the classic
-    /// scheduled relay (the bench's baseline): one batch, then the poll interval, always.
-    pub claim_until_empty: bool,
     /// Publish loops running at once. Each claims a random half of the free shards, and the
     /// shard locks keep their rows apart, so per-key order holds across them.
     pub concurrency: usize,
@@ -166,7 +163,7 @@ async fn publish_loop(
             Ok(batch) => {
                 waits.reset();
                 let rang = wake.rings() != rings;
-                let (next, pause) = next_claim(reach, batch.moved(), settings.claim_until_empty, rang);
+                let (next, pause) = next_claim(reach, batch.moved(), rang);
                 reach = next;
                 pause.then_some(settings.poll_interval)
             }
@@ -218,12 +215,8 @@ impl Doorbell {
 
 /// After a claim of `reach` that moved `published` rows (published, parked or held), during
 /// which the bell rang (`rang`) or not: the reach of the next claim, and whether to wait for
-/// a ring (or the poll interval) before it. Publishing one batch per poll (`claim_until_empty` off)
-/// sweeps every free shard each time.
-fn next_claim(reach: Reach, published: usize, claim_until_empty: bool, rang: bool) -> (Reach, bool) {
-    if !claim_until_empty {
-        return (Reach::AllFree, true);
-    }
+/// a ring (or the poll interval) before it.
+fn next_claim(reach: Reach, published: usize, rang: bool) -> (Reach, bool) {
     match (published, reach) {
         (1.., _) => (Reach::Half, false),
         (0, Reach::Half) => (Reach::AllFree, false),
@@ -240,17 +233,14 @@ mod tests {
     fn a_loop_sleeps_only_after_an_empty_sweep_of_every_free_shard() {
         for rang in [false, true] {
             // Busy: keep sharing.
-            assert_eq!(next_claim(Reach::Half, 5, true, rang), (Reach::Half, false));
-            assert_eq!(next_claim(Reach::AllFree, 5, true, rang), (Reach::Half, false));
+            assert_eq!(next_claim(Reach::Half, 5, rang), (Reach::Half, false));
+            assert_eq!(next_claim(Reach::AllFree, 5, rang), (Reach::Half, false));
             // Nothing in this half: look at every free shard before sleeping.
-            assert_eq!(next_claim(Reach::Half, 0, true, rang), (Reach::AllFree, false));
-            // One batch per poll: always the whole key space.
-            assert_eq!(next_claim(Reach::Half, 0, false, rang), (Reach::AllFree, true));
-            assert_eq!(next_claim(Reach::AllFree, 9, false, rang), (Reach::AllFree, true));
+            assert_eq!(next_claim(Reach::Half, 0, rang), (Reach::AllFree, false));
         }
         // An empty sweep sleeps, unless a commit rang meanwhile: then it sweeps again.
-        assert_eq!(next_claim(Reach::AllFree, 0, true, false), (Reach::Half, true));
-        assert_eq!(next_claim(Reach::AllFree, 0, true, true), (Reach::AllFree, false));
+        assert_eq!(next_claim(Reach::AllFree, 0, false), (Reach::Half, true));
+        assert_eq!(next_claim(Reach::AllFree, 0, true), (Reach::AllFree, false));
     }
 
     #[test]

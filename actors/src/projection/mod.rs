@@ -12,8 +12,8 @@ use tally_schema::models::status;
 use tracing::field::display;
 use uuid::Uuid;
 
-use crate::consume::Record;
 use crate::metrics::Metrics;
+use crate::record::Record;
 use crate::store::group_commit::{Batch, GroupCommit, GroupCommitSettings, Refusal};
 use crate::store::transfers::{self, Finish};
 use crate::store::PgPool;

@@ -192,19 +192,6 @@ pub async fn set_balances(
     Ok(())
 }
 
-/// Adds `delta` to one account's balance (the bench baseline's statement).
-///
-/// # Errors
-/// Any database error.
-pub async fn add_to_balance(conn: &mut AsyncPgConnection, id: &str, delta: i64) -> Result<(), diesel::result::Error> {
-    diesel::sql_query("UPDATE accounts SET balance_cents = balance_cents + $1 WHERE id = $2")
-        .bind::<BigInt, _>(delta)
-        .bind::<Text, _>(id)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 /// Outcomes of the inbox rows as columns, for one set-based update.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct OutcomeColumns {

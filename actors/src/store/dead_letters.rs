@@ -11,7 +11,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::consume::Record;
+use crate::record::Record;
 
 /// One row of `dead_letters`, before it is written.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -68,6 +68,12 @@ const QUEUED: u8 = 0;
 const TAKEN: u8 = 1;
 const ABANDONED: u8 = 2;
 
+/// The caller's side of the take-or-abandon race: true when the item was still queued and
+/// is now abandoned (the writer will skip it), false when a writer took it first.
+fn abandon(state: &AtomicU8) -> bool {
+    state.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok()
+}
+
 /// What a group commit writes, and how its failures reach the callers.
 pub trait Batch: Send + Sync + 'static {
     type Item: Send + Sync + 'static;
@@ -189,7 +195,7 @@ impl<B: Batch> GroupCommit<B> {
         let answered = match tokio::time::timeout_at(deadline, &mut outcome).await {
             Ok(answered) => answered,
             // Not taken in time: abandoned, never written. Taken meanwhile: wait it out.
-            Err(_) if state.compare_exchange(QUEUED, ABANDONED, Ordering::AcqRel, Ordering::Acquire).is_ok() => {
+            Err(_) if abandon(&state) => {
                 return Err(self.refuse(Refusal::Overloaded));
             }
             Err(_) => outcome.await,
@@ -205,6 +211,44 @@ impl<B: Batch> GroupCommit<B> {
 
 type Reply<B> = oneshot::Sender<Result<<B as Batch>::Outcome, <B as Batch>::Error>>;
 
+/// The writer's side of the take-or-abandon race: takes the items whose callers still wait
+/// for them (queued, not abandoned), with their replies. An item its caller gave up on
+/// (answered [`Refusal::Overloaded`]) or whose caller is gone is never written.
+fn claim<B: Batch>(pending: Vec<Pending<B>>) -> (Vec<B::Item>, Vec<Reply<B>>) {
+    let mut items = Vec::with_capacity(pending.len());
+    let mut replies = Vec::with_capacity(pending.len());
+    for p in pending {
+        let taken = p.state.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        if taken && !p.reply.is_closed() {
+            items.push(p.item);
+            replies.push(p.reply);
+        }
+    }
+    (items, replies)
+}
+
+/// One attempt at writing a batch in one transaction.
+enum Attempt<B: Batch> {
+    /// The transaction's result.
+    Done(Result<Vec<B::Outcome>, B::Error>),
+    /// No connection could be had.
+    NoConnection(PoolError),
+    /// The write panicked (its connection was closed).
+    Panicked,
+}
+
+/// Where batches are written, and how their callers are answered: the writers' pool, or a
+/// test's script.
+trait Transactions<B: Batch>: Sync {
+    fn attempt<'s>(&'s self, items: &'s [B::Item]) -> BoxFuture<'s, Attempt<B>>;
+    fn batch(&self) -> &B;
+    /// What the batches write, for the log.
+    fn name(&self) -> &str;
+    /// A transaction of `items` items committed.
+    fn committed(&self, items: usize);
+    fn refuse(&self, reply: Reply<B>, why: Refusal<'_>);
+}
+
 struct Writer<B: Batch> {
     queue: Arc<Mutex<mpsc::Receiver<Pending<B>>>>,
     pool: PgPool,
@@ -218,18 +262,9 @@ struct Writer<B: Batch> {
 impl<B: Batch> Writer<B> {
     async fn run(self) {
         while let Some(pending) = self.next_batch().await {
-            let mut items = Vec::with_capacity(pending.len());
-            let mut replies = Vec::with_capacity(pending.len());
-            for p in pending {
-                // Skipped when its caller gave up on it (answered Overloaded) or is gone.
-                let taken = p.state.compare_exchange(QUEUED, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_ok();
-                if taken && !p.reply.is_closed() {
-                    items.push(p.item);
-                    replies.push(p.reply);
-                }
-            }
+            let (items, replies) = claim(pending);
             if !items.is_empty() {
-                self.write(items, replies).await;
+                write(&self, items, replies).await;
             }
         }
     }
@@ -249,59 +284,88 @@ impl<B: Batch> Writer<B> {
         }
         Some(batch)
     }
+}
 
-    fn refuse(&self, reply: Reply<B>, why: Refusal<'_>) {
-        self.refused.count(&why);
-        let _ = reply.send(Err(self.batch.refused(why)));
-    }
-
-    /// Writes `items` in one transaction and answers `replies` (one per item) as soon as
-    /// it commits; on an error that allows it, writes each half the same way.
-    fn write(&self, mut items: Vec<B::Item>, mut replies: Vec<Reply<B>>) -> BoxFuture<'_, ()> {
+impl<B: Batch> Transactions<B> for Writer<B> {
+    fn attempt<'s>(&'s self, items: &'s [B::Item]) -> BoxFuture<'s, Attempt<B>> {
         async move {
             let mut conn = match self.pool.get().await {
                 Ok(conn) => conn,
-                Err(e) => {
-                    for reply in replies {
-                        self.refuse(reply, Refusal::NoConnection(&e));
-                    }
-                    return;
-                }
+                Err(e) => return Attempt::NoConnection(e),
             };
-            let written = AssertUnwindSafe(self.batch.write(&mut conn, &items)).catch_unwind().await;
-            if written.is_err() {
-                // Its transaction may still be open, holding locks: close the connection
-                // (PostgreSQL rolls back at once) rather than leave it idle in the pool.
-                drop(Object::take(conn));
-            } else {
-                drop(conn);
-            }
+            let written = AssertUnwindSafe(self.batch.write(&mut conn, items)).catch_unwind().await;
             match written {
-                Ok(Ok(outcomes)) if outcomes.len() == replies.len() => {
-                    self.sizes.observe(items.len() as f64);
-                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                        let _ = reply.send(Ok(outcome));
-                    }
-                }
-                Ok(Err(e)) if items.len() > 1 && self.batch.split(&e) => {
-                    let (right, right_replies) = (items.split_off(items.len() / 2), replies.split_off(replies.len() / 2));
-                    self.write(items, replies).await;
-                    self.write(right, right_replies).await;
-                }
-                Ok(Err(e)) => {
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
-                // A write that panicked or broke its contract: nothing of it is trusted.
-                Ok(Ok(_)) | Err(_) => {
-                    tracing::error!(writes = %self.name, items = items.len(), "A group commit's write panicked or answered the wrong number of outcomes.");
-                    for reply in replies {
-                        self.refuse(reply, Refusal::Broken);
-                    }
+                Ok(result) => Attempt::Done(result),
+                Err(_) => {
+                    // Its transaction may still be open, holding locks: close the connection
+                    // (PostgreSQL rolls back at once) rather than leave it idle in the pool.
+                    drop(Object::take(conn));
+                    Attempt::Panicked
                 }
             }
         }
         .boxed()
     }
+
+    fn batch(&self) -> &B {
+        &self.batch
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn committed(&self, items: usize) {
+        self.sizes.observe(items as f64);
+    }
+
+    fn refuse(&self, reply: Reply<B>, why: Refusal<'_>) {
+        self.refused.count(&why);
+        let _ = reply.send(Err(self.batch.refused(why)));
+    }
 }
+
+/// Writes `items` in one transaction and answers `replies` (one per item) as soon as it
+/// commits; on an error that allows it, writes each half the same way.
+fn write<'a, B: Batch, T: Transactions<B>>(
+    to: &'a T,
+    mut items: Vec<B::Item>,
+    mut replies: Vec<Reply<B>>,
+) -> BoxFuture<'a, ()> {
+    async move {
+        match to.attempt(&items).await {
+            Attempt::NoConnection(e) => {
+                for reply in replies {
+                    to.refuse(reply, Refusal::NoConnection(&e));
+                }
+            }
+            Attempt::Done(Ok(outcomes)) if outcomes.len() == replies.len() => {
+                to.committed(items.len());
+                for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            Attempt::Done(Err(e)) if items.len() > 1 && to.batch().split(&e) => {
+                let (right, right_replies) = (items.split_off(items.len() / 2), replies.split_off(replies.len() / 2));
+                write(to, items, replies).await;
+                write(to, right, right_replies).await;
+            }
+            Attempt::Done(Err(e)) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+            // A write that panicked or broke its contract: nothing of it is trusted.
+            Attempt::Done(Ok(_)) | Attempt::Panicked => {
+                tracing::error!(writes = %to.name(), items = items.len(), "A group commit's write panicked or answered the wrong number of outcomes.");
+                for reply in replies {
+                    to.refuse(reply, Refusal::Broken);
+                }
+            }
+        }
+    }
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,7 +1,7 @@
 //! Every SQL statement tally runs, one file per table family, with the connection pools
 //! and the migration runner. Actors, handlers and HTTP endpoints call the named functions
-//! here; no other module builds a query. (The bench's set-up scripts, which create and
-//! fill throwaway databases, keep their SQL beside them in `tally_engine::bench`.)
+//! here; no other module builds a query. (The bench's own statements, which create and
+//! fill throwaway databases and read what the stages wrote, are in `tally_engine::bench::sql`.)
 //!
 //! | file | tables |
 //! |---|---|

@@ -27,8 +27,8 @@ pub use health::{Degradation, DependencyHealth, DependencyWait};
 pub use policy::{classify_server_message, Classify, ErrorClass, HandlerError, RetryPolicy, PROBE_MAX};
 pub use probe::{DependencyProbe, PROBE_FRESH};
 
-use crate::consume::{Lease, Record};
 use crate::metrics::Metrics;
+use crate::record::{Lease, Record};
 
 /// The business logic of one pipeline, called once per record (and again on retry). It
 /// must be idempotent: a record can be delivered more than once.

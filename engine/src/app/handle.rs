@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context};
 use tally_actors::store::migrate;
 
-use super::{start_with, KafkaEndpoint, Parts};
+use super::{start, KafkaEndpoint};
 use crate::broker::EmbeddedBroker;
 use crate::config::Config;
 
@@ -50,14 +50,6 @@ impl Drop for DaemonHandle {
 /// # Errors
 /// When the database cannot be prepared or the daemon cannot start.
 pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Result<DaemonHandle> {
-    spawn_with(config, broker, Parts::default())
-}
-
-/// [`spawn`] with replacement [`Parts`].
-///
-/// # Errors
-/// As [`spawn`].
-pub fn spawn_with(config: Config, broker: Option<Arc<EmbeddedBroker>>, parts: Parts) -> anyhow::Result<DaemonHandle> {
     let expected = migrate::embedded_versions()?;
     migrate::prepare_blocking(config.database.url.expose())?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -69,7 +61,7 @@ pub fn spawn_with(config: Config, broker: Option<Arc<EmbeddedBroker>>, parts: Pa
             let endpoint = system.block_on(async move {
                 let started = async {
                     let kafka = KafkaEndpoint::prepare(&config, broker).await?;
-                    start_with(config, kafka, expected, parts).await
+                    start(config, kafka, expected).await
                 }
                 .await;
                 match started {

@@ -12,7 +12,6 @@ use actix_web::web;
 use anyhow::Context;
 use rdkafka::producer::FutureProducer;
 use tally_actors::backoff::Backoff;
-use tally_actors::ledger::Settler;
 use tally_actors::outbox::{self, OutboxPublisher, OutboxRelay, PublisherSettings, StopPublishing};
 use tally_actors::store::group_commit::{GroupCommit, GroupCommitSettings};
 use tally_actors::Metrics;
@@ -32,7 +31,7 @@ use tally_actors::consume::Pipeline;
 mod handle;
 mod pools;
 
-pub use handle::{spawn, spawn_with, DaemonHandle};
+pub use handle::{spawn, DaemonHandle};
 pub use pools::Pools;
 
 #[derive(Clone)]
@@ -86,49 +85,15 @@ pub struct Daemon {
     state_dropped: std::sync::mpsc::Receiver<()>,
 }
 
-/// Replacement parts for what configuration does not express. The daemon runs with
-/// [`Parts::default`]; the bench swaps in its baselines here.
-#[derive(Clone, Default)]
-pub struct Parts {
-    /// Settles the ledger's transfers (default: batched settlement). A settler whose
-    /// batches hold one transfer also makes the ledger sequential per partition, with a
-    /// commit after each record, as a classic consumer is.
-    pub settler: Option<Arc<dyn Settler>>,
-    /// The outbox publisher publishes one batch per poll interval, as a classic scheduled
-    /// relay does, instead of claiming again while rows are pending.
-    pub outbox_one_batch_per_poll: bool,
-}
-
-impl std::fmt::Debug for Parts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Parts")
-            .field("settler", &self.settler.as_ref().map(|_| "custom"))
-            .field("outbox_one_batch_per_poll", &self.outbox_one_batch_per_poll)
-            .finish()
-    }
-}
-
 /// Starts every part of the daemon. Must run inside an actix `System`; the database must
-/// already be prepared ([`tally_actors::store::migrate::prepare_blocking`]).
+/// already be prepared ([`tally_actors::store::migrate::prepare_blocking`]). Over 80 lines
+/// because it is the start order, read top to bottom: pools and producers, antifraud
+/// before every consumer (its fencing must precede their reads), the pipelines, the outbox
+/// publisher, then the listeners.
 ///
 /// # Errors
 /// When a client cannot be created or a listener cannot be bound.
 pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Vec<String>) -> anyhow::Result<Daemon> {
-    start_with(config, kafka, expected_migrations, Parts::default()).await
-}
-
-/// [`start`] with replacement [`Parts`]. Over 80 lines because it is the start order,
-/// read top to bottom: pools and producers, antifraud before every consumer (its fencing
-/// must precede their reads), the pipelines, the outbox publisher, then the listeners.
-///
-/// # Errors
-/// As [`start`].
-pub async fn start_with(
-    config: Config,
-    kafka: KafkaEndpoint,
-    expected_migrations: Vec<String>,
-    parts: Parts,
-) -> anyhow::Result<Daemon> {
     let metrics = Metrics::new().context("cannot register metrics")?;
     let pools = Pools::build(&config)?;
     let running_pools = pools::in_use(&config);
@@ -149,7 +114,6 @@ pub async fn start_with(
         pools: pools.clone(),
         metrics: metrics.clone(),
         dlt_producer: dlt_producer.clone(),
-        settler: parts.settler.clone(),
     };
     // Antifraud first: its `init_transactions` fences (and aborts) the open transaction a
     // crashed predecessor with the same instance id left behind, before this instance's
@@ -207,7 +171,6 @@ pub async fn start_with(
             backoff_initial: config.outbox.backoff_initial,
             backoff_max: config.outbox.backoff_max,
             concurrency: config.outbox.concurrency,
-            claim_until_empty: !parts.outbox_one_batch_per_poll,
         };
         if config.outbox.listen {
             listener =

@@ -19,6 +19,10 @@ pub enum Scenario {
         /// Skip the baseline run.
         #[arg(long)]
         no_baseline: bool,
+        /// The prefix of its databases (`<prefix>_tally`, `<prefix>_baseline`) on the server of `database.url`: dropped and re-created, so two
+        /// benches at once need different names.
+        #[arg(long, default_value = "tally_bench")]
+        database: String,
     },
     /// The outbox publisher against a classic scheduled relay (poll 200 ms, batches of 100): drain
     /// rate of pending rows, and commit-to-publish latency at a fixed intake rate.
@@ -30,6 +34,10 @@ pub enum Scenario {
         rate: u32,
         #[arg(long, default_value_t = 20)]
         seconds: u64,
+        /// The prefix of its databases (`<prefix>_tally`, `<prefix>_classic_relay`) on the server of `database.url`: dropped and re-created, so two
+        /// benches at once need different names.
+        #[arg(long, default_value = "tally_bench_outbox")]
+        database: String,
     },
     /// HTTP load through every pipeline: a fixed offered rate, then an open loop.
     E2e {
@@ -45,6 +53,10 @@ pub enum Scenario {
         clients: usize,
         #[arg(long, default_value_t = 10_000)]
         accounts: usize,
+        /// Its database on the server of `database.url`: dropped and re-created, so two
+        /// benches at once need different names.
+        #[arg(long, default_value = "tally_bench_e2e")]
+        database: String,
     },
     /// Each stage alone on pre-produced input (outbox drain, antifraud, ledger, projection,
     /// notifications), then end to end, then end to end in the seed configuration; the
@@ -73,6 +85,10 @@ pub enum Scenario {
         /// transactions; installed by scripts/ensure-noida.sh) as a child process.
         #[arg(long, value_enum, default_value_t = super::cluster::ClusterKind::Embedded)]
         broker: super::cluster::ClusterKind,
+        /// The prefix of its databases (one per stage and end-to-end run) on the server of `database.url`: dropped and re-created, so two
+        /// benches at once need different names.
+        #[arg(long, default_value = "tally_bench_stages")]
+        database: String,
     },
     /// The ledger on 1..=N daemons of one group (separate processes), then a SIGKILL of one
     /// of two under a steady stream: how long each partition stood still.
@@ -90,6 +106,10 @@ pub enum Scenario {
         /// Length of the kill run (the kill happens at a third of it).
         #[arg(long, default_value_t = 30)]
         kill_seconds: u64,
+        /// Its database on the server of `database.url`: dropped and re-created, so two
+        /// benches at once need different names.
+        #[arg(long, default_value = "tally_bench_scale")]
+        database: String,
     },
     /// Cost as work grows: the ledger on one daemon (a separate process) over many records
     /// and accounts; per window, records/s against the first window and the daemon's RSS.
@@ -102,10 +122,26 @@ pub enum Scenario {
         /// Processed records per window.
         #[arg(long, default_value_t = 100_000)]
         window: usize,
-        /// The database to (re-)create on the server of `database.url`.
+        /// Its database on the server of `database.url`: dropped and re-created, so two
+        /// benches at once need different names.
         #[arg(long, default_value = "tally_bench_soak")]
         database: String,
     },
+}
+
+impl Scenario {
+    /// Its name on the command line.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Ledger { .. } => "ledger",
+            Self::Outbox { .. } => "outbox",
+            Self::E2e { .. } => "e2e",
+            Self::Stages { .. } => "stages",
+            Self::Scale { .. } => "scale",
+            Self::Soak { .. } => "soak",
+        }
+    }
 }
 
 /// Runs `scenario` on `config`.
@@ -114,41 +150,44 @@ pub enum Scenario {
 /// When the scenario fails (its database, broker or daemons).
 pub fn run(config: &Config, scenario: Scenario) -> anyhow::Result<()> {
     match scenario {
-        Scenario::Ledger { transfers, accounts, partitions, no_baseline } => super::ledger::run(
+        Scenario::Ledger { transfers, accounts, partitions, no_baseline, database } => super::ledger::run(
             config,
-            &super::ledger::Args {
-                transfers,
+            &super::ledger::Args { transfers, accounts, partitions, baseline: !no_baseline, database_prefix: database },
+        ),
+        Scenario::Outbox { rows, rate, seconds, database } => {
+            super::outbox::run(config, &super::outbox::Args { rows, rate, seconds, database_prefix: database })
+        }
+        Scenario::E2e { rate, rate_seconds, max_seconds, clients, accounts, database } => {
+            super::e2e::run(config, &super::e2e::Args { rate, rate_seconds, max_seconds, clients, accounts, database })
+        }
+        Scenario::Stages {
+            records,
+            e2e_transfers,
+            seed_transfers,
+            seconds,
+            clients,
+            accounts,
+            partitions,
+            broker,
+            database,
+        } => super::stages::run(
+            config,
+            &super::stages::Args {
+                records,
+                e2e_transfers,
+                seed_transfers,
+                seconds,
+                clients,
                 accounts,
                 partitions,
-                baseline: !no_baseline,
-                database_prefix: "tally_bench".into(),
+                broker,
+                database_prefix: database,
             },
         ),
-        Scenario::Outbox { rows, rate, seconds } => {
-            super::outbox::run(config, &super::outbox::Args { rows, rate, seconds })
-        }
-        Scenario::E2e { rate, rate_seconds, max_seconds, clients, accounts } => {
-            super::e2e::run(config, &super::e2e::Args { rate, rate_seconds, max_seconds, clients, accounts })
-        }
-        Scenario::Stages { records, e2e_transfers, seed_transfers, seconds, clients, accounts, partitions, broker } => {
-            super::stages::run(
-                config,
-                &super::stages::Args {
-                    records,
-                    e2e_transfers,
-                    seed_transfers,
-                    seconds,
-                    clients,
-                    accounts,
-                    partitions,
-                    broker,
-                    database_prefix: "tally_bench_stages".into(),
-                },
-            )
-        }
-        Scenario::Scale { daemons, transfers, accounts, rate, kill_seconds } => {
-            super::scale::run(config, &super::scale::Args { daemons, transfers, accounts, rate, kill_seconds })
-        }
+        Scenario::Scale { daemons, transfers, accounts, rate, kill_seconds, database } => super::scale::run(
+            config,
+            &super::scale::Args { daemons, transfers, accounts, rate, kill_seconds, database },
+        ),
         Scenario::Soak { transfers, accounts, window, database } => {
             super::soak::run(config, &super::soak::Args { transfers, accounts, window, database })
         }

@@ -18,6 +18,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 
 use super::cluster::{Cluster, ClusterKind};
+use super::sql;
 use super::{
     account, connect as db, daemon_config, fresh_database, hops, peak_rss_mib, plot, quantile, wait_for_zero,
     write_report, Progress,
@@ -33,6 +34,8 @@ pub struct Args {
     pub max_seconds: u64,
     pub clients: usize,
     pub accounts: usize,
+    /// The database (dropped and re-created).
+    pub database: String,
 }
 
 /// The figures of one load phase.
@@ -97,7 +100,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
         bail!("need at least 2 accounts, a positive rate and at least 1 client");
     }
     let runtime = super::runtime()?;
-    let url = runtime.block_on(fresh_database(base, "tally_bench_e2e", args.accounts))?;
+    let url = runtime.block_on(fresh_database(base, &args.database, args.accounts))?;
     let cluster = Cluster::start(ClusterKind::Embedded)?;
     eprintln!("e2e bench: starting a daemon with every pipeline");
     let target = Target::start(daemon_config(base, &url, &cluster), &cluster, args.clients, args.accounts, &runtime)?;
@@ -111,7 +114,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     print_table(&report);
     let path = write_report("e2e", &report)?;
     println!("JSON: {}", path.display());
-    for plot in plots(&report)? {
+    for plot in plots("e2e", &report.phases.iter().collect::<Vec<_>>())? {
         println!("plot: {}", plot.display());
     }
     Ok(())
@@ -259,47 +262,28 @@ async fn post(client: &reqwest::Client, intake: &str, n: usize, accounts: usize)
 /// Waits until no transfer is PENDING (a bar of the `total` created, when known).
 async fn wait_final(url: &str, total: Option<u64>, limit: Duration) -> anyhow::Result<()> {
     let client = db(url).await?;
-    let sql = "SELECT count(*) FROM transfers WHERE status = 'PENDING'";
-    wait_for_zero(&client, sql, "transfers finished", total, limit).await
+    wait_for_zero(&client, sql::TRANSFERS_PENDING, "transfers finished", total, limit).await
 }
 
 /// Forgets finished transfers between phases (the measurements read `transfers`).
 async fn clear(url: &str) -> anyhow::Result<()> {
-    db(url).await?.batch_execute("DELETE FROM transfers WHERE status <> 'PENDING'").await?;
+    db(url).await?.batch_execute(sql::TRANSFERS_DELETE_FINISHED).await?;
     Ok(())
 }
 
 /// The phase's figures from the finished transfers in the database (the POST figures are
 /// the caller's).
 async fn measure(client_db: &tokio_postgres::Client, name: String) -> anyhow::Result<Phase> {
-    let row = client_db
-        .query_one(
-            "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM max(updated_at) - min(created_at)), 0)::float8 \
-             FROM transfers WHERE status <> 'PENDING'",
-            &[],
-        )
-        .await?;
+    let row = client_db.query_one(sql::TRANSFERS_FINISHED_SPAN, &[]).await?;
     let finished: i64 = row.get(0);
     let span: f64 = row.get(1);
-    let mut final_ms: Vec<f64> = client_db
-        .query("SELECT (EXTRACT(EPOCH FROM updated_at - created_at) * 1000)::float8 FROM transfers WHERE status <> 'PENDING'", &[])
-        .await?
-        .iter()
-        .map(|r| r.get::<_, f64>(0))
-        .collect();
+    let mut final_ms: Vec<f64> =
+        client_db.query(sql::TRANSFERS_FINAL_MS, &[]).await?.iter().map(|r| r.get::<_, f64>(0)).collect();
     final_ms.sort_by(f64::total_cmp);
     let hops = hops::breakdown(client_db).await?;
-    let per_second: Vec<(f64, f64)> = client_db
-        .query(
-            "SELECT floor(EXTRACT(EPOCH FROM updated_at - (SELECT min(created_at) FROM transfers \
-                                                          WHERE status <> 'PENDING')))::float8 AS s, \
-                    count(*)::float8 FROM transfers WHERE status <> 'PENDING' GROUP BY 1 ORDER BY 1",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get::<_, f64>(0), r.get::<_, f64>(1)))
-        .collect();
+    let offsets: Vec<f64> =
+        client_db.query(sql::TRANSFERS_FINAL_OFFSETS, &[]).await?.iter().map(|r| r.get::<_, f64>(0)).collect();
+    let per_second = plot::full_bins(&offsets, 1.0);
     Ok(Phase {
         name,
         offered_per_second: None,
@@ -350,31 +334,25 @@ fn print_table(r: &Report) {
 }
 
 /// Throughput over time and the latency CDF of every phase, as SVG beside the JSON.
-fn plots(r: &Report) -> anyhow::Result<Vec<std::path::PathBuf>> {
-    let dir = std::path::Path::new("target/bench");
-    let line = |p: &Phase, points: &[(f64, f64)]| plot::Line { name: p.name.clone(), points: points.to_vec() };
-    let throughput: Vec<plot::Line> = r.phases.iter().map(|p| line(p, &p.per_second)).collect();
-    let cdf: Vec<plot::Line> = r.phases.iter().map(|p| line(p, &p.final_cdf)).collect();
-    Ok(vec![
-        plot::lines(
-            dir,
-            "e2e-throughput",
-            plot::Axes {
-                title: "e2e: transfers reaching a final status per second",
-                x: "seconds since the phase's first transfer",
-                y: "final statuses / s",
-            },
-            &throughput,
-        )?,
-        plot::lines(
-            dir,
-            "e2e-latency-cdf",
-            plot::Axes {
-                title: "e2e: POST -> final status, cumulative distribution",
-                x: "ms",
-                y: "fraction of transfers",
-            },
-            &cdf,
-        )?,
-    ])
+///
+/// # Errors
+/// When a file cannot be written.
+pub fn plots(scenario: &str, phases: &[&Phase]) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let series: Vec<_> =
+        phases.iter().map(|p| plot::Phase { name: &p.name, rate: &p.per_second, cdf: &p.final_cdf }).collect();
+    plot::throughput_and_cdf(
+        &super::output_dir()?,
+        scenario,
+        plot::Axes {
+            title: &format!("{scenario}: transfers reaching a final status per second"),
+            x: "seconds since the phase's first transfer",
+            y: "final statuses / s",
+        },
+        plot::Axes {
+            title: &format!("{scenario}: POST -> final status, cumulative distribution"),
+            x: "ms",
+            y: "fraction of transfers",
+        },
+        &series,
+    )
 }

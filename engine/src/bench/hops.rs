@@ -22,7 +22,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::quantile;
+use super::{quantile, sql};
 
 /// One hop's latencies over a phase, in ms.
 #[derive(Debug, Clone, Serialize)]
@@ -43,11 +43,6 @@ const HOPS: [&str; 5] = [
     "publish -> final status",
 ];
 
-/// Epoch milliseconds of a timestamp column, as SQL.
-fn ms(column: &str) -> String {
-    format!("(EXTRACT(EPOCH FROM {column}) * 1000)::float8")
-}
-
 /// The per-hop p50 and p99 of every settled transfer in the database. Two plain queries
 /// joined here: the outbox rows are matched on the transfer id in their payload, which no
 /// index serves, so a join in SQL would be planned blind.
@@ -56,32 +51,12 @@ fn ms(column: &str) -> String {
 /// When a query fails.
 pub async fn breakdown(db: &tokio_postgres::Client) -> anyhow::Result<Vec<Hop>> {
     let published: HashMap<(String, String), f64> = db
-        .query(
-            &format!(
-                "SELECT payload::jsonb ->> 'transferId', event_type::text, {} FROM outbox_events \
-                 WHERE event_type IN ('TransferRequested', 'TransferSettled') AND published_at IS NOT NULL",
-                ms("published_at")
-            ),
-            &[],
-        )
+        .query(&sql::hops_published(), &[])
         .await?
         .iter()
         .filter_map(|r| Some(((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)), r.get::<_, f64>(2))))
         .collect();
-    let rows = db
-        .query(
-            &format!(
-                "SELECT t.id::text, {}, {}, {}, {} FROM transfers t \
-                 JOIN antifraud_decisions d ON d.transfer_id = t.id \
-                 JOIN processed_transfers p ON p.transfer_id = t.id WHERE t.status = 'SETTLED'",
-                ms("t.created_at"),
-                ms("d.decided_at"),
-                ms("p.processed_at"),
-                ms("t.updated_at")
-            ),
-            &[],
-        )
-        .await?;
+    let rows = db.query(&sql::hops_settled(), &[]).await?;
     let mut samples: [Vec<f64>; 5] = Default::default();
     for r in &rows {
         let id: String = r.get(0);

@@ -1,9 +1,9 @@
 //! `tally bench ledger`: settles N pre-produced `TransferAnalyzed` records over 10,000
 //! accounts (about 1% duplicates, 2% insufficient funds) with the ledger pipeline, then
-//! runs the baseline ([`super::baseline::OneByOne`]: sequential per partition, one
-//! transaction per record, commit after each) over the same records, and prints both.
+//! runs the baseline ([`super::baseline::ledger`]: a classic consumer, sequential per
+//! partition, one transaction per record, a commit after each) over the same records, and
+//! prints both.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -11,15 +11,15 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
+use super::baseline::{self, ledger::ClassicConsumer};
 use super::cluster::{Cluster, ClusterKind};
 use super::stages::Stage;
 use super::{
     daemon_config, fresh_database, histogram_quantile, http_get, metric_sum, peak_rss_mib, produce_all, write_report,
     Outgoing, Progress,
 };
-use crate::app::Parts;
-use crate::bench::baseline::OneByOne;
 use crate::config::{Config, DbPool, LogFormat};
+use tally_actors::ledger::LedgerTopics;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -45,7 +45,8 @@ pub struct RunReport {
     pub duplicates: f64,
     pub dead_lettered: f64,
     pub seconds: f64,
-    /// Handler latency per record (dispatch to completion), histogram estimates.
+    /// Latency per record: tally's handler time (dispatch to completion, histogram
+    /// estimates); the baseline's receive to commit.
     pub latency_p50_ms: Option<f64>,
     pub latency_p99_ms: Option<f64>,
     pub peak_rss_mib: Option<f64>,
@@ -201,8 +202,51 @@ impl Backlog {
     }
 }
 
-/// One run of the ledger pipeline (the batched settler, or the baseline's) alone, over the
-/// records on `cluster`, on a fresh database.
+/// What runs over the records: the daemon's ledger pipeline, or the classic consumer.
+enum Runner {
+    Tally { daemon: crate::DaemonHandle, metrics_url: String },
+    Baseline(ClassicConsumer),
+}
+
+impl Runner {
+    fn start(config: &Config, cluster: &Cluster, baseline: bool) -> anyhow::Result<Self> {
+        if !baseline {
+            let daemon = crate::spawn(config.clone(), cluster.embedded())?;
+            let metrics_url = format!("http://{}/metrics", daemon.admin_addr);
+            return Ok(Self::Tally { daemon, metrics_url });
+        }
+        let settings = baseline::ledger::Settings {
+            url: config.database.url.expose().to_owned(),
+            bootstrap: cluster.bootstrap(),
+            topic: config.kafka.topics.transfers_analyzed.clone(),
+            partitions: config.kafka.partitions,
+            group: config.ledger.group_id.clone(),
+            connections: config.pool_size(DbPool::Ledger),
+            topics: LedgerTopics {
+                settled: config.kafka.topics.transfers_settled.clone(),
+                rejected: config.kafka.topics.transfers_rejected.clone(),
+                max_balance_cents: config.ledger.max_balance_cents,
+            },
+            statement_timeout: config.database.statement_timeout,
+            connect_timeout: config.database.connect_timeout,
+        };
+        Ok(Self::Baseline(ClassicConsumer::start(&settings)?))
+    }
+
+    /// Records completed so far, and the daemon's metrics text when it is the daemon.
+    fn done(&self, runtime: &tokio::runtime::Runtime) -> anyhow::Result<(f64, Option<String>)> {
+        match self {
+            Self::Tally { metrics_url, .. } => {
+                let text = runtime.block_on(http_get(metrics_url))?;
+                Ok((metric_sum(&text, "tally_records_total", "pipeline=\"ledger\""), Some(text)))
+            }
+            Self::Baseline(consumer) => Ok((consumer.done() as f64, None)),
+        }
+    }
+}
+
+/// One run over the records on `cluster` (tally's ledger pipeline alone, or the classic
+/// consumer), on a fresh database.
 fn run_once(
     base: &Config,
     args: &Args,
@@ -214,7 +258,7 @@ fn run_once(
     let url = runtime.block_on(fresh_database(base, &format!("{}_{label}", args.database_prefix), args.accounts))?;
 
     let mut config = daemon_config(base, &url, cluster);
-    // The baseline settles one transfer per connection of the ledger's pool at once.
+    // The baseline settles one transfer per connection of its pool at once.
     config.database.pools.ledger = Some(config.pool_size(DbPool::Ledger).max(16));
     config.kafka.partitions = args.partitions;
     config.pipelines = Stage::Ledger.alone();
@@ -222,9 +266,7 @@ fn run_once(
     config.log.format = LogFormat::Pretty;
     eprintln!("ledger bench: running {label} over {} records", args.transfers);
     let started = Instant::now();
-    let parts = Parts { settler: baseline.then(|| Arc::new(OneByOne) as _), ..Parts::default() };
-    let daemon = crate::spawn_with(config, cluster.embedded(), parts)?;
-    let metrics_url = format!("http://{}/metrics", daemon.admin_addr);
+    let runner = Runner::start(&config, cluster, baseline)?;
     // The first completion happened after the last poll that saw none.
     let mut first: Option<Instant> = None;
     let mut polled = Instant::now();
@@ -232,8 +274,7 @@ fn run_once(
     let deadline = Duration::from_secs(3_600);
     let text = loop {
         let now = Instant::now();
-        let text = runtime.block_on(http_get(&metrics_url))?;
-        let done = metric_sum(&text, "tally_records_total", "pipeline=\"ledger\"");
+        let (done, text) = runner.done(runtime)?;
         if done > 0.0 && first.is_none() {
             // All of them between two polls: the span starts at the earlier poll.
             first = Some(if done >= args.transfers as f64 { polled } else { now });
@@ -251,26 +292,42 @@ fn run_once(
         std::thread::sleep(Duration::from_millis(200));
     };
     let busy = first.map_or(started.elapsed(), |f| f.elapsed());
-    let check_url = format!("http://{}/admin/ledger/check", daemon.admin_addr);
-    let invariants: serde_json::Value = serde_json::from_str(&runtime.block_on(http_get(&check_url))?)?;
-    let outcome = |o: &str| metric_sum(&text, "tally_records_total", &format!("outcome=\"{o}\",pipeline=\"ledger\""));
-    let ms = |q| histogram_quantile(&text, "tally_handler_seconds", "pipeline=\"ledger\"", q).map(|s| s * 1000.0);
+    let (outcomes, latency, invariants) = match runner {
+        Runner::Tally { daemon, .. } => {
+            let text = text.unwrap_or_default();
+            let check_url = format!("http://{}/admin/ledger/check", daemon.admin_addr);
+            let invariants: serde_json::Value = serde_json::from_str(&runtime.block_on(http_get(&check_url))?)?;
+            let outcome =
+                |o: &str| metric_sum(&text, "tally_records_total", &format!("outcome=\"{o}\",pipeline=\"ledger\""));
+            let ms =
+                |q| histogram_quantile(&text, "tally_handler_seconds", "pipeline=\"ledger\"", q).map(|s| s * 1000.0);
+            daemon.stop();
+            let outcomes = ["settled", "rejected", "duplicate", "dead_lettered"].map(outcome);
+            (outcomes, [ms(0.5), ms(0.99)], invariants)
+        }
+        Runner::Baseline(consumer) => {
+            let outcomes = consumer.outcomes().map(|n| n as f64);
+            let latency = [consumer.latency_ms(0.5), consumer.latency_ms(0.99)];
+            let invariants = serde_json::to_value(consumer.stop()?)?;
+            (outcomes, latency, invariants)
+        }
+    };
+    let [settled, rejected, duplicates, dead_lettered] = outcomes;
     let report = RunReport {
         mode: label.into(),
         records: args.transfers,
         records_per_second: args.transfers as f64 / busy.as_secs_f64(),
-        settled: outcome("settled"),
-        rejected: outcome("rejected"),
-        duplicates: outcome("duplicate"),
-        dead_lettered: outcome("dead_lettered"),
+        settled,
+        rejected,
+        duplicates,
+        dead_lettered,
         seconds: busy.as_secs_f64(),
-        latency_p50_ms: ms(0.5),
-        latency_p99_ms: ms(0.99),
+        latency_p50_ms: latency[0],
+        latency_p99_ms: latency[1],
         peak_rss_mib: peak_rss_mib(),
         invariants_ok: invariants["ok"] == true,
         invariants,
     };
-    daemon.stop();
     eprintln!("  {label}: {:.0} records/s over {:.1} s", report.records_per_second, report.seconds);
     Ok(report)
 }

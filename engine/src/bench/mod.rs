@@ -1,6 +1,10 @@
 //! `tally bench`: load scenarios run from the same binary, against the local PostgreSQL and
-//! an embedded broker. Progress goes to stderr, a table to stdout, JSON to `target/bench/`.
-//! Figures are measured and reported, never asserted.
+//! an embedded broker. Progress goes to stderr, a table to stdout; JSON, plots and the log
+//! lines to `target/bench/`. Figures are measured and reported, never asserted.
+//!
+//! Nothing outside this module refers to it but the `tally bench` command: the baselines
+//! tally is compared with are here ([`baseline`]), and so is every SQL statement of the
+//! bench ([`sql`]).
 
 pub mod baseline;
 mod child;
@@ -9,11 +13,13 @@ pub mod cluster;
 pub mod e2e;
 pub mod hops;
 pub mod ledger;
+pub mod logs;
 pub mod outbox;
 pub mod plot;
 mod progress;
 pub mod scale;
 pub mod soak;
+pub mod sql;
 pub mod stages;
 
 use std::path::PathBuf;
@@ -116,15 +122,29 @@ fn proc_status_mib(pid: &str, field: &str) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
-/// Writes `report` as JSON to `target/bench/<name>-<unix time>.json` and returns the path.
+/// The time this run started (`20261201T191100Z`, UTC), the same for every file it writes.
+#[must_use]
+pub fn stamp() -> &'static str {
+    static STAMP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    STAMP.get_or_init(|| chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string())
+}
+
+/// Where a bench writes its files: `target/bench/` (created).
+///
+/// # Errors
+/// When the directory cannot be created.
+pub fn output_dir() -> anyhow::Result<PathBuf> {
+    let dir = PathBuf::from("target/bench");
+    std::fs::create_dir_all(&dir).context("cannot create target/bench")?;
+    Ok(dir)
+}
+
+/// Writes `report` as JSON to `target/bench/<name>-<run's stamp>.json` and returns the path.
 ///
 /// # Errors
 /// When the file cannot be written.
 pub fn write_report<T: Serialize>(name: &str, report: &T) -> anyhow::Result<PathBuf> {
-    let dir = PathBuf::from("target/bench");
-    std::fs::create_dir_all(&dir).context("cannot create target/bench")?;
-    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
-    let path = dir.join(format!("{name}-{stamp}.json"));
+    let path = output_dir()?.join(format!("{name}-{}.json", stamp()));
     std::fs::write(&path, serde_json::to_vec_pretty(report)?)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
@@ -256,10 +276,7 @@ pub fn pair(n: usize, accounts: usize) -> (usize, usize) {
     (from, to)
 }
 
-/// [`account`] in SQL, of an integer column `i`: the ids the bench creates in the database.
-/// `lpad` alone truncates to its length (`lpad('100000', 5)` is `10000`, a duplicate key
-/// past 99,999 accounts); padding to at least 5 digits is what `{i:05}` does.
-pub const ACCOUNT_ID_SQL: &str = "'ACC-' || lpad(i::text, greatest(5, length(i::text)), '0')";
+pub use sql::ACCOUNT_ID_SQL;
 
 /// Drops and re-creates database `name` on the server of `database.url`, migrates it, and
 /// creates `accounts` accounts `ACC-00000`.. with 1,000,000 cents each. Returns its URL.
@@ -289,7 +306,7 @@ async fn reset_database(server_url: &str, name: &str) -> anyhow::Result<()> {
     admin.dbname("postgres");
     let (client, conn) = admin.connect(tokio_postgres::NoTls).await.context("cannot reach PostgreSQL")?;
     let driver = tokio::spawn(conn);
-    client.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await?;
+    client.batch_execute(&sql::drop_database(name)).await?;
     drop(client);
     let _ = driver.await;
     Ok(())
@@ -299,15 +316,7 @@ async fn create_accounts(url: &str, n: usize) -> anyhow::Result<()> {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     let driver = tokio::spawn(conn);
     let n = i32::try_from(n).context("too many accounts")?;
-    client
-        .execute(
-            &format!(
-                "INSERT INTO accounts (id, balance_cents, currency) \
-                 SELECT {ACCOUNT_ID_SQL}, 1000000, 'BRL' FROM generate_series(0, $1 - 1) AS i"
-            ),
-            &[&n],
-        )
-        .await?;
+    client.execute(&sql::create_accounts(), &[&n]).await?;
     drop(client);
     let _ = driver.await;
     Ok(())

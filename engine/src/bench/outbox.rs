@@ -1,6 +1,6 @@
 //! `tally bench outbox`: the transactional outbox publisher against the classic relay shape
-//! (`@Scheduled(fixedDelay = 200)`, batches of 100, no LISTEN: at most 500 rows/s), from the
-//! same binary ([`crate::app::Parts::outbox_one_batch_per_poll`]).
+//! (`@Scheduled(fixedDelay = 200)`, batches of 100, no LISTEN: at most 500 rows/s;
+//! [`super::baseline::relay`]), in the same process as the bench.
 //!
 //! 1. Drain: N rows pending before the publisher starts; rate = rows / (last
 //!    `published_at` - first `published_at`).
@@ -16,10 +16,11 @@ use anyhow::bail;
 use serde::Serialize;
 use serde_json::json;
 
+use super::baseline::relay::{self, ClassicRelay};
 use super::cluster::{Cluster, ClusterKind};
 use super::stages::Stage;
 use super::{account, connect as db, daemon_config, fresh_database, quantile, wait_for_zero, write_report};
-use crate::app::Parts;
+use super::{plot, sql};
 use crate::config::Config;
 
 #[derive(Debug, Clone)]
@@ -27,6 +28,8 @@ pub struct Args {
     pub rows: usize,
     pub rate: u32,
     pub seconds: u64,
+    /// The runs' databases are `<prefix>_tally` and `<prefix>_classic_relay`.
+    pub database_prefix: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -42,6 +45,12 @@ pub struct ModeReport {
     pub published: i64,
     pub commit_to_publish_p50_ms: Option<f64>,
     pub commit_to_publish_p99_ms: Option<f64>,
+    /// Rows published per second through the drain, for the plot.
+    #[serde(skip)]
+    pub drain_per_second: Vec<(f64, f64)>,
+    /// The CDF of commit -> publish at the fixed rate, for the plot.
+    #[serde(skip)]
+    pub commit_to_publish_cdf: Vec<(f64, f64)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -59,13 +68,9 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
         bail!("need at least one row and a positive rate");
     }
     let runtime = super::runtime()?;
-    let modes = [
-        ("tally", base.outbox.batch_size, u64::try_from(base.outbox.poll_interval.as_millis())?, true),
-        ("classic-relay", 100, 200, false),
-    ];
     let mut reports = Vec::new();
-    for (label, batch, poll, listen) in modes {
-        reports.push(run_mode(base, args, &runtime, label, batch, poll, listen)?);
+    for classic in [false, true] {
+        reports.push(run_mode(base, args, &runtime, classic)?);
     }
     let report = Report { scenario: "outbox", modes: reports };
     let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
@@ -99,16 +104,36 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     }
     let path = write_report("outbox", &report)?;
     println!("JSON: {}", path.display());
+    let series: Vec<_> = report
+        .modes
+        .iter()
+        .map(|m| plot::Phase { name: &m.mode, rate: &m.drain_per_second, cdf: &m.commit_to_publish_cdf })
+        .collect();
+    let drawn = plot::throughput_and_cdf(
+        &super::output_dir()?,
+        "outbox",
+        plot::Axes {
+            title: "outbox: rows published per second through the drain",
+            x: "seconds since the first publication",
+            y: "rows / s",
+        },
+        plot::Axes {
+            title: "outbox: commit -> publish at the fixed rate, cumulative distribution",
+            x: "ms",
+            y: "fraction of rows",
+        },
+        &series,
+    )?;
+    for plot in drawn {
+        println!("plot: {}", plot.display());
+    }
     Ok(())
 }
 
 async fn wait_drained(client: &tokio_postgres::Client, label: &str) -> anyhow::Result<()> {
     let what = format!("outbox rows published ({label})");
-    wait_for_zero(client, PENDING_SQL, &what, None, Duration::from_secs(1_800)).await
+    wait_for_zero(client, sql::OUTBOX_PENDING, &what, None, Duration::from_secs(1_800)).await
 }
-
-/// How many outbox rows are not published yet.
-pub(crate) const PENDING_SQL: &str = "SELECT count(*) FROM outbox_events WHERE published_at IS NULL";
 
 /// Inserts `rows` committed, unpublished outbox rows (`TransferRequested` to
 /// `transfers.requested`, 1,000 keys, 200-byte payloads) into the database at `url`.
@@ -117,15 +142,7 @@ pub(crate) const PENDING_SQL: &str = "SELECT count(*) FROM outbox_events WHERE p
 /// When the database refuses.
 pub(crate) async fn insert_pending(url: &str, rows: usize) -> anyhow::Result<()> {
     let rows = i32::try_from(rows)?;
-    db(url)
-        .await?
-        .execute(
-            "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
-             SELECT gen_random_uuid(), 'transfers.requested', 'K-' || (i % 1000), 'TransferRequested', \
-                    repeat('x', 200) FROM generate_series(1, $1) AS i",
-            &[&rows],
-        )
-        .await?;
+    db(url).await?.execute(sql::OUTBOX_INSERT_PENDING, &[&rows]).await?;
     Ok(())
 }
 
@@ -135,42 +152,46 @@ fn run_mode(
     base: &Config,
     args: &Args,
     runtime: &tokio::runtime::Runtime,
-    label: &str,
-    batch: i64,
-    poll: u64,
-    listen: bool,
+    classic: bool,
 ) -> anyhow::Result<ModeReport> {
-    let url =
-        runtime.block_on(fresh_database(base, &format!("tally_bench_outbox_{}", label.replace('-', "_")), 100))?;
+    let (label, batch, poll, listen) = if classic {
+        ("classic-relay", relay::BATCH, u64::try_from(relay::FIXED_DELAY.as_millis())?, false)
+    } else {
+        ("tally", base.outbox.batch_size, u64::try_from(base.outbox.poll_interval.as_millis())?, true)
+    };
+    let url = runtime.block_on(fresh_database(
+        base,
+        &format!("{}_{}", args.database_prefix, label.replace('-', "_")),
+        100,
+    ))?;
     runtime.block_on(insert_pending(&url, args.rows))?;
     let cluster = Cluster::start(ClusterKind::Embedded)?;
     let mut config = daemon_config(base, &url, &cluster);
-    config.pipelines = Stage::Outbox.alone();
-    config.outbox.batch_size = batch;
-    config.outbox.poll_interval = std::time::Duration::from_millis(poll);
+    // The classic relay runs beside a daemon that only takes requests.
+    config.pipelines = if classic { Stage::Intake.alone() } else { Stage::Outbox.alone() };
     config.outbox.listen = listen;
-    // The classic relay is one loop publishing one batch per fixed delay.
-    config.outbox.concurrency = if listen { base.outbox.concurrency } else { 1 };
     eprintln!("outbox bench ({label}): draining {} rows", args.rows);
-    let parts = Parts { outbox_one_batch_per_poll: !listen, ..Parts::default() };
-    let daemon = crate::spawn_with(config, cluster.embedded(), parts)?;
-    let drain_rate = runtime.block_on(async {
+    let relay = if classic {
+        let _entered = runtime.enter();
+        Some(ClassicRelay::start(&config, &cluster.bootstrap())?)
+    } else {
+        None
+    };
+    let daemon = crate::spawn(config, cluster.embedded())?;
+    let (drain_rate, drain_per_second) = runtime.block_on(async {
         let client = db(&url).await?;
         wait_drained(&client, label).await?;
-        let row = client
-            .query_one(
-                "SELECT count(*), EXTRACT(EPOCH FROM max(published_at) - min(published_at))::float8 FROM outbox_events",
-                &[],
-            )
-            .await?;
+        let row = client.query_one(sql::OUTBOX_PUBLISHED_SPAN, &[]).await?;
         let (n, span): (i64, f64) = (row.get(0), row.get(1));
-        client.batch_execute("DELETE FROM outbox_events").await?;
-        anyhow::Ok(if span > 0.0 { n as f64 / span } else { 0.0 })
+        let offsets: Vec<f64> =
+            client.query(sql::OUTBOX_PUBLISHED_OFFSETS, &[]).await?.iter().map(|r| r.get::<_, f64>(0)).collect();
+        client.batch_execute(sql::OUTBOX_DELETE_ALL).await?;
+        anyhow::Ok((if span > 0.0 { n as f64 / span } else { 0.0 }, plot::full_bins(&offsets, 1.0)))
     })?;
 
     eprintln!("outbox bench ({label}): {} POST /transfers per second for {} s", args.rate, args.seconds);
     let intake = format!("http://{}", daemon.intake_addr);
-    let (published, p50, p99) = runtime.block_on(async {
+    let (published, p50, p99, cdf) = runtime.block_on(async {
         let http = reqwest::Client::new();
         let started = Instant::now();
         let mut tasks = Vec::new();
@@ -191,15 +212,14 @@ fn run_mode(
         }
         let client = db(&url).await?;
         wait_drained(&client, label).await?;
-        let mut ms: Vec<f64> = client
-            .query("SELECT (EXTRACT(EPOCH FROM published_at - created_at) * 1000)::float8 FROM outbox_events", &[])
-            .await?
-            .iter()
-            .map(|r| r.get::<_, f64>(0))
-            .collect();
+        let mut ms: Vec<f64> =
+            client.query(sql::OUTBOX_COMMIT_TO_PUBLISH_MS, &[]).await?.iter().map(|r| r.get::<_, f64>(0)).collect();
         ms.sort_by(f64::total_cmp);
-        anyhow::Ok((ms.len() as i64, quantile(&ms, 0.5), quantile(&ms, 0.99)))
+        anyhow::Ok((ms.len() as i64, quantile(&ms, 0.5), quantile(&ms, 0.99), plot::cdf(&ms, 400)))
     })?;
+    if let Some(relay) = relay {
+        runtime.block_on(relay.stop());
+    }
     daemon.stop();
     Ok(ModeReport {
         mode: label.into(),
@@ -212,5 +232,7 @@ fn run_mode(
         published,
         commit_to_publish_p50_ms: p50,
         commit_to_publish_p99_ms: p99,
+        drain_per_second,
+        commit_to_publish_cdf: cdf,
     })
 }

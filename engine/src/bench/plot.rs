@@ -1,4 +1,5 @@
-//! SVG line plots of bench results, written beside the JSON under `target/bench/`.
+//! SVG line plots of bench results, written beside the JSON under `target/bench/`, their
+//! names stamped with the run's time as the JSON's are ([`super::stamp`]).
 
 use std::path::{Path, PathBuf};
 
@@ -20,12 +21,12 @@ pub struct Axes<'a> {
     pub y: &'a str,
 }
 
-/// Draws `lines` into `dir/<name>.svg`; returns the path.
+/// Draws `lines` into `dir/<name>-<run's stamp>.svg`; returns the path.
 ///
 /// # Errors
 /// When the file cannot be written.
 pub fn lines(dir: &Path, name: &str, axes: Axes<'_>, lines: &[Line]) -> anyhow::Result<PathBuf> {
-    let path = dir.join(format!("{name}.svg"));
+    let path = dir.join(format!("{name}-{}.svg", super::stamp()));
     draw(&path, name, axes, lines)?;
     Ok(path)
 }
@@ -70,6 +71,63 @@ pub fn cdf(sorted: &[f64], max_points: usize) -> Vec<(f64, f64)> {
     points
 }
 
+/// Events per second in consecutive bins of `width` seconds, from `offsets` (seconds since
+/// the start of the measurement, in any order): `(bin start, events / width)` of every
+/// full bin. The last bin, which ends at the last event before its width is up, is left
+/// out: its rate would be a false drop.
+#[must_use]
+pub fn full_bins(offsets: &[f64], width: f64) -> Vec<(f64, f64)> {
+    let end = offsets.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if width.is_nan() || width <= 0.0 || !end.is_finite() {
+        return Vec::new();
+    }
+    // Bins [k * width, (k + 1) * width) that close at or before the last event.
+    let full = (end / width).floor().max(0.0) as usize;
+    let mut counts = vec![0_u64; full];
+    for &o in offsets {
+        let bin = (o.max(0.0) / width).floor() as usize;
+        if let Some(c) = counts.get_mut(bin) {
+            *c += 1;
+        }
+    }
+    counts.into_iter().enumerate().map(|(k, n)| (k as f64 * width, n as f64 / width)).collect()
+}
+
+/// One phase of a scenario, for [`throughput_and_cdf`].
+#[derive(Debug, Clone, Copy)]
+pub struct Phase<'a> {
+    pub name: &'a str,
+    /// Events per second over time ([`full_bins`]).
+    pub rate: &'a [(f64, f64)],
+    /// The latency CDF ([`cdf`]).
+    pub cdf: &'a [(f64, f64)],
+}
+
+/// A throughput plot and a latency CDF plot of `phases`, named `<scenario>-throughput` and `<scenario>-latency-cdf`; phases without
+/// points are left out of each.
+///
+/// # Errors
+/// When a file cannot be written.
+pub fn throughput_and_cdf(
+    dir: &Path,
+    scenario: &str,
+    throughput: Axes<'_>,
+    cdf: Axes<'_>,
+    phases: &[Phase<'_>],
+) -> anyhow::Result<Vec<PathBuf>> {
+    let line = |name: &str, points: &[(f64, f64)]| Line { name: name.to_owned(), points: points.to_vec() };
+    let rates: Vec<Line> = phases.iter().filter(|p| !p.rate.is_empty()).map(|p| line(p.name, p.rate)).collect();
+    let cdfs: Vec<Line> = phases.iter().filter(|p| !p.cdf.is_empty()).map(|p| line(p.name, p.cdf)).collect();
+    let mut drawn = Vec::new();
+    if !rates.is_empty() {
+        drawn.push(lines(dir, &format!("{scenario}-throughput"), throughput, &rates)?);
+    }
+    if !cdfs.is_empty() {
+        drawn.push(lines(dir, &format!("{scenario}-latency-cdf"), cdf, &cdfs)?);
+    }
+    Ok(drawn)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,12 +144,30 @@ mod tests {
     }
 
     #[test]
+    fn throughput_bins_are_full_ones_only() {
+        // 10 events a second for 3 s, then 2 in the first 0.4 s of the fourth second.
+        let mut offsets: Vec<f64> = (0..30).map(|i| f64::from(i) / 10.0).collect();
+        offsets.extend([3.1, 3.4]);
+        assert_eq!(full_bins(&offsets, 1.0), [(0.0, 10.0), (1.0, 10.0), (2.0, 10.0)]);
+        // Wider bins: rates, not counts.
+        assert_eq!(full_bins(&offsets, 2.0), [(0.0, 10.0)]);
+        // Out of order, and a last event exactly at a bin's end closes that bin.
+        assert_eq!(full_bins(&[1.5, 0.2, 2.0, 0.7], 1.0), [(0.0, 2.0), (1.0, 1.0)]);
+        // Shorter than one bin: nothing to draw.
+        assert!(full_bins(&[0.1, 0.5], 1.0).is_empty());
+        assert!(full_bins(&[], 1.0).is_empty());
+        assert!(full_bins(&[1.0, 2.0], 0.0).is_empty());
+    }
+
+    #[test]
     fn a_plot_is_an_svg_with_its_title_and_legend() {
         let dir = std::env::temp_dir().join(format!("tally-plot-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("a directory");
         let line = Line { name: "phase one".into(), points: vec![(0.0, 1.0), (1.0, 3.0), (2.0, 2.0)] };
         let path = lines(&dir, "t", Axes { title: "a title", x: "s", y: "n" }, &[line]).expect("a plot");
         let svg = std::fs::read_to_string(&path).expect("the file");
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        assert_eq!(name, format!("t-{}.svg", super::super::stamp()));
         assert!(svg.starts_with("<svg") && svg.contains("a title") && svg.contains("phase one"), "{svg}");
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -21,7 +21,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::child::{epoch_ms, shares, Site, Stream};
-use super::{connect, quantile, write_report, Progress};
+use super::{connect, quantile, sql, write_report, Progress};
 use crate::config::Config;
 
 #[derive(Debug, Clone)]
@@ -35,6 +35,8 @@ pub struct Args {
     pub rate: u32,
     /// Length of the kill run's stream; the kill happens at a third of it.
     pub kill_seconds: u64,
+    /// The database (dropped and re-created).
+    pub database: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -79,7 +81,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     if args.daemons == 0 || args.transfers == 0 || args.accounts < 2 || args.rate == 0 || args.kill_seconds < 3 {
         bail!("need at least 1 daemon, 1 transfer, 2 accounts, a positive rate and a kill run of 3 s or more");
     }
-    let site = Site::new(base, "tally_bench_scale", args.accounts)?;
+    let site = Site::new(base, &args.database, args.accounts)?;
     let mut throughput = Vec::new();
     for n in 1..=args.daemons {
         eprintln!("scale bench: {n} daemon(s), {} records", args.transfers);
@@ -212,7 +214,7 @@ fn wait_processed(site: &Site<'_>, db: &tokio_postgres::Client, want: i64) -> an
 }
 
 async fn processed(db: &tokio_postgres::Client) -> anyhow::Result<i64> {
-    Ok(db.query_one("SELECT count(*) FROM processed_transfers", &[]).await?.get(0))
+    Ok(db.query_one(sql::PROCESSED_COUNT, &[]).await?.get(0))
 }
 
 /// Per partition, `(transfer id, settled at)` of the `sent` transfers, in time order.
@@ -221,13 +223,7 @@ async fn settled_at(
     sent: &HashMap<Uuid, (i32, f64)>,
 ) -> anyhow::Result<HashMap<i32, Vec<(Uuid, f64)>>> {
     let ids: Vec<String> = sent.keys().map(Uuid::to_string).collect();
-    let rows = db
-        .query(
-            "SELECT transfer_id::text, (EXTRACT(EPOCH FROM processed_at) * 1000)::float8 FROM processed_transfers \
-             WHERE transfer_id = ANY($1::text[]::uuid[])",
-            &[&ids],
-        )
-        .await?;
+    let rows = db.query(sql::PROCESSED_AT_MS, &[&ids]).await?;
     let mut by_partition: HashMap<i32, Vec<(Uuid, f64)>> = HashMap::new();
     for row in rows {
         let Ok(id) = row.get::<_, String>(0).parse::<Uuid>() else { continue };

@@ -266,7 +266,7 @@ impl<'a> Soak<'a> {
             (a, b) => a.or(b),
         };
         self.window_rss = rss_end;
-        let postings: i64 = self.site.runtime.block_on(self.db.query_one("SELECT count(*) FROM postings", &[]))?.get(0);
+        let postings: i64 = self.site.runtime.block_on(self.db.query_one(super::sql::POSTINGS_COUNT, &[]))?.get(0);
         let database = match &mut self.probe {
             Some((probe, last)) => {
                 let now = self.site.runtime.block_on(probe.mark(&self.db))?;

@@ -227,6 +227,9 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     print_table(&report);
     let path = write_report("stages", &report)?;
     println!("JSON: {}", path.display());
+    for plot in super::e2e::plots("stages", &[&report.e2e, &report.seed_e2e])? {
+        println!("plot: {}", plot.display());
+    }
     Ok(())
 }
 

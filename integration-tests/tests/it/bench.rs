@@ -1,7 +1,9 @@
 //! The bench's own SQL against PostgreSQL: the account ids it writes in SQL are the ids its
 //! clients use, at every size (a million accounts included); the per-hop breakdown reads
 //! the stages' times right; `tally bench stages` runs every stage and reports each;
-//! `tally bench soak` reports every window with a rate and the daemon's RSS.
+//! `tally bench soak` reports every window with a rate and the daemon's RSS; `tally bench
+//! outbox` reports both modes; every run writes its JSON, plots and log lines under its
+//! stamp, and keeps the log lines off stderr.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use tally_engine::bench::cluster::ClusterKind;
@@ -119,37 +121,12 @@ fn the_stages_bench_reports_every_stage() {
 
 /// `tally bench soak` at a tiny size through the binary (the daemon a child of it, as in
 /// `make soak`), in a directory of its own: the JSON has one window per 1,000 records, each
-/// with a rate and the daemon's RSS, and both plots are drawn. Timings are never asserted.
+/// with a rate and the daemon's RSS, and both plots are drawn, named by the run's stamp as
+/// the JSON is. Timings are never asserted.
 #[test]
 fn the_soak_bench_reports_every_window_with_a_rate_and_the_daemons_rss() {
-    let server = std::env::var("TALLY_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
-    let prefix = format!("tally_test_soak_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let dir = std::env::temp_dir().join(&prefix);
-    std::fs::create_dir_all(&dir).expect("a directory");
-    let database = format!("{prefix}_soak");
-    let output = std::process::Command::new(tally_binary())
-        .args(["bench", "soak", "--transfers", "3000", "--accounts", "2000", "--window", "1000"])
-        .args(["--database", &database])
-        .env("TALLY__DATABASE__URL", &server)
-        .env("TALLY__LOG__LEVEL", "warn")
-        .current_dir(&dir)
-        .output()
-        .expect("run tally bench soak");
-    drop_databases(&server, &prefix);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "tally bench soak failed:\n{stdout}\n{stderr}");
-    let bench = dir.join("target/bench");
-    let json = std::fs::read_dir(&bench)
-        .expect("target/bench")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("soak-") && p.extension().is_some_and(|x| x == "json"))
-        })
-        .expect("the JSON report");
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(json).expect("the report")).expect("JSON");
+    let run = Bench::run("soak", &["--transfers", "3000", "--accounts", "2000", "--window", "1000"], "warn");
+    let report = run.report();
     let windows = report["windows"].as_array().expect("a list of windows");
     assert_eq!(windows.len(), 3, "{report}");
     for w in windows {
@@ -159,10 +136,104 @@ fn the_soak_bench_reports_every_window_with_a_rate_and_the_daemons_rss() {
     }
     assert_eq!(windows.last().map(|w| w["records"].clone()), Some(serde_json::json!(3000)));
     assert!(report["maxRssMib"].as_f64().unwrap_or(0.0) > 0.0, "{report}");
-    for svg in ["soak-throughput.svg", "soak-rss.svg"] {
-        assert!(bench.join(svg).exists(), "{svg} drawn");
+    run.assert_drawn(&["soak-throughput", "soak-rss"]);
+    run.assert_logs_apart();
+}
+
+/// `tally bench outbox` at a tiny size through the binary: both modes reported, the drain
+/// throughput and the commit -> publish CDF drawn with the run's stamp, and the daemons'
+/// log lines in the run's log file, not on stderr among the progress lines.
+#[test]
+fn the_outbox_bench_draws_its_plots_and_keeps_the_daemons_logs_in_a_file() {
+    let run = Bench::run("outbox", &["--rows", "1000", "--rate", "50", "--seconds", "2"], "info");
+    let report = run.report();
+    let modes: Vec<&str> =
+        report["modes"].as_array().expect("modes").iter().map(|m| m["mode"].as_str().unwrap_or("?")).collect();
+    assert_eq!(modes, ["tally", "classic-relay"], "{report}");
+    for m in report["modes"].as_array().expect("modes") {
+        assert_eq!(m["published"].as_i64(), Some(100), "{m}");
+        assert!(m["drainRowsPerSecond"].as_f64().unwrap_or(0.0) > 0.0, "{m}");
     }
-    let _ = std::fs::remove_dir_all(dir);
+    run.assert_drawn(&["outbox-throughput", "outbox-latency-cdf"]);
+    let log = run.assert_logs_apart();
+    assert!(log.contains("HTTP listeners started."), "the daemons' lines are in the log file: {log}");
+}
+
+/// One `tally bench <scenario>` run in a directory of its own, on databases of its own
+/// (`--database`), dropped after it.
+struct Bench {
+    dir: std::path::PathBuf,
+    scenario: &'static str,
+    stderr: String,
+    /// The run's stamp, from its JSON's name.
+    stamp: String,
+}
+
+impl Bench {
+    fn run(scenario: &'static str, args: &[&str], log_level: &str) -> Self {
+        let server = std::env::var("TALLY_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+        let prefix = format!("tally_test_{scenario}_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let dir = std::env::temp_dir().join(&prefix);
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let output = std::process::Command::new(tally_binary())
+            .args(["bench", scenario])
+            .args(args)
+            .args(["--database", &format!("{prefix}_db")])
+            .env("TALLY__DATABASE__URL", &server)
+            .env("TALLY__LOG__LEVEL", log_level)
+            .env_remove("RUST_LOG")
+            .current_dir(&dir)
+            .output()
+            .expect("run tally bench");
+        drop_databases(&server, &prefix);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "tally bench {scenario} failed:\n{stdout}\n{stderr}");
+        let json = std::fs::read_dir(dir.join("target/bench"))
+            .expect("target/bench")
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .find(|n| n.starts_with(&format!("{scenario}-")) && n.ends_with(".json"))
+            .expect("the JSON report");
+        let stamp = json.trim_start_matches(&format!("{scenario}-")).trim_end_matches(".json").to_owned();
+        Self { dir, scenario, stderr, stamp }
+    }
+
+    fn file(&self, name: &str) -> std::path::PathBuf {
+        self.dir.join("target/bench").join(name)
+    }
+
+    fn report(&self) -> serde_json::Value {
+        let json = std::fs::read(self.file(&format!("{}-{}.json", self.scenario, self.stamp))).expect("the report");
+        serde_json::from_slice(&json).expect("JSON")
+    }
+
+    /// Each plot `<name>-<stamp>.svg` exists and is an SVG.
+    fn assert_drawn(&self, plots: &[&str]) {
+        for plot in plots {
+            let svg = std::fs::read_to_string(self.file(&format!("{plot}-{}.svg", self.stamp)));
+            assert!(svg.is_ok_and(|s| s.starts_with("<svg")), "{plot}-{}.svg drawn", self.stamp);
+        }
+    }
+
+    /// The log lines go to `<scenario>-<stamp>.log`, whose path stderr names at the end,
+    /// and none to stderr; returns the log.
+    fn assert_logs_apart(&self) -> String {
+        let name = format!("{}-{}.log", self.scenario, self.stamp);
+        let log = std::fs::read_to_string(self.file(&name)).expect("the log file");
+        let levels = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"];
+        let lines: Vec<&str> = self.stderr.lines().filter(|l| levels.iter().any(|level| l.contains(level))).collect();
+        assert!(lines.is_empty(), "log lines on stderr: {lines:#?}");
+        let last = self.stderr.lines().last().unwrap_or_default();
+        assert_eq!(last, format!("log: target/bench/{name}"), "stderr ends with the log's path:\n{}", self.stderr);
+        log
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Drops the databases the bench made (`<prefix>_*`).

@@ -1,5 +1,7 @@
-//! The repository explains itself: every file path the design document and the README
-//! name exists, and the code points nowhere outside the repository.
+//! The repository explains itself: every file path the design document, the README, the
+//! benchmarks page and the code's comments name exists, and the code points nowhere outside
+//! the repository.
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::path::{Path, PathBuf};
 
@@ -23,7 +25,7 @@ fn cited_paths(text: &str) -> Vec<String> {
 
 #[test]
 fn every_path_the_docs_cite_exists() {
-    for doc in ["docs/ARCHITECTURE.md", "README.md"] {
+    for doc in ["docs/ARCHITECTURE.md", "docs/BENCHMARKS.md", "README.md"] {
         let text = std::fs::read_to_string(root().join(doc)).unwrap_or_else(|e| panic!("read {doc}: {e}"));
         let cited = cited_paths(&text);
         assert!(doc != "docs/ARCHITECTURE.md" || cited.len() > 50, "{doc} cites only {} paths", cited.len());
@@ -32,12 +34,9 @@ fn every_path_the_docs_cite_exists() {
     }
 }
 
-#[test]
-fn the_code_points_nowhere_outside_the_repository() {
-    // Built from pieces, so that this file does not name them itself: the design notes the
-    // project started from, section signs that cite them, and the folder they live in.
-    let forbidden = [["DESIGN", ".md"].concat(), '\u{a7}'.to_string(), ["..", "/", "shared"].concat()];
-    let mut offenders = Vec::new();
+/// Every `.rs` file of the crates, with its text.
+fn rust_sources() -> Vec<(PathBuf, String)> {
+    let mut files = Vec::new();
     let mut pending =
         vec![root().join("actors"), root().join("engine"), root().join("schema"), root().join("integration-tests")];
     while let Some(dir) = pending.pop() {
@@ -47,12 +46,57 @@ fn the_code_points_nowhere_outside_the_repository() {
                 pending.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let text = std::fs::read_to_string(&path).expect("read a source file");
-                if forbidden.iter().any(|f| text.contains(f.as_str())) {
-                    offenders.push(path.display().to_string());
-                }
+                files.push((path, text));
             }
         }
     }
+    files
+}
+
+/// The comments of `source`, each run of comment lines joined into one line (a backticked
+/// path may wrap).
+fn comments(source: &str) -> Vec<String> {
+    let mut blocks = vec![String::new()];
+    for line in source.lines().map(str::trim_start) {
+        match line.strip_prefix("//") {
+            Some(text) => {
+                let block = blocks.last_mut().expect("one block at least");
+                block.push(' ');
+                block.push_str(text.trim_start_matches(['/', '!']).trim());
+            }
+            None if blocks.last().is_some_and(|b| !b.is_empty()) => blocks.push(String::new()),
+            None => {}
+        }
+    }
+    blocks.retain(|b| !b.is_empty());
+    blocks
+}
+
+#[test]
+fn every_path_the_code_comments_cite_exists() {
+    let (mut cited, mut missing) = (0, Vec::new());
+    for (file, text) in rust_sources() {
+        for path in comments(&text).iter().flat_map(|c| cited_paths(c)) {
+            cited += 1;
+            if !root().join(&path).exists() {
+                missing.push(format!("{}: {path}", file.display()));
+            }
+        }
+    }
+    assert!(cited > 10, "the comments cite only {cited} paths");
+    assert!(missing.is_empty(), "comments cite paths that do not exist: {missing:#?}");
+}
+
+#[test]
+fn the_code_points_nowhere_outside_the_repository() {
+    // Built from pieces, so that this file does not name them itself: the design notes the
+    // project started from, section signs that cite them, and the folder they live in.
+    let forbidden = [["DESIGN", ".md"].concat(), '\u{a7}'.to_string(), ["..", "/", "shared"].concat()];
+    let offenders: Vec<String> = rust_sources()
+        .into_iter()
+        .filter(|(_, text)| forbidden.iter().any(|f| text.contains(f.as_str())))
+        .map(|(path, _)| path.display().to_string())
+        .collect();
     assert!(offenders.is_empty(), "files citing documents outside the repository: {offenders:?}");
 }
 
@@ -60,4 +104,6 @@ fn the_code_points_nowhere_outside_the_repository() {
 fn the_path_finder_finds_paths() {
     let found = cited_paths("see `actors/src/store/mod.rs`, `README.md`. and `not a path` or `x.rs`");
     assert_eq!(found, ["actors/src/store/mod.rs", "README.md"]);
+    let blocks = comments("/// see `docs/\n/// x` and\nfn f() {} // `README.md`\n//! `Makefile`");
+    assert_eq!(blocks, [" see `docs/ x` and", " `Makefile`"]);
 }

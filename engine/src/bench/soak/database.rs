@@ -9,6 +9,8 @@
 
 use serde::Serialize;
 
+use crate::bench::sql;
+
 /// The server's counters at one moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Mark {
@@ -50,14 +52,8 @@ impl Probe {
     /// # Errors
     /// When the server's version cannot be read.
     pub(super) async fn new(db: &tokio_postgres::Client) -> anyhow::Result<Self> {
-        let version: i32 = db.query_one("SELECT current_setting('server_version_num')::int", &[]).await?.get(0);
-        let sql = if version >= 170_000 {
-            "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::float8, num_timed, num_requested \
-             FROM pg_stat_checkpointer"
-        } else {
-            "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::float8, checkpoints_timed, checkpoints_req \
-             FROM pg_stat_bgwriter"
-        };
+        let version: i32 = db.query_one(sql::SERVER_VERSION_NUM, &[]).await?.get(0);
+        let sql = if version >= 170_000 { sql::WAL_AND_CHECKPOINTS } else { sql::WAL_AND_CHECKPOINTS_BEFORE_17 };
         Ok(Self { sql })
     }
 

@@ -15,9 +15,10 @@ use uuid::Uuid;
 use super::{Args, Stage, StageReport, HANDLER, NONE, POST};
 use crate::bench::cluster::Cluster;
 use crate::bench::e2e::{Load, Target};
+use crate::bench::sql;
 use crate::bench::{
     account, connect, daemon_config, fresh_database, histogram_quantile, http_get, ledger, outbox, pair, produce_all,
-    quantile, wait_for_zero, Outgoing, ACCOUNT_ID_SQL,
+    quantile, wait_for_zero, Outgoing,
 };
 use crate::config::{Config, Secret, SecretUrl};
 
@@ -70,17 +71,12 @@ struct Done {
 impl Done {
     /// A stage done when `records` rows are in `table`, each finished at `column`.
     fn rows_in(what: &'static str, table: &'static str, column: &'static str, records: usize) -> Self {
-        Self { what, left: format!("SELECT {records} - count(*) FROM {table}"), table, column, rows: "true" }
+        Self { what, left: sql::rows_left(records, table), table, column, rows: "true" }
     }
 
     /// The first and last completion (epoch seconds), and how many completed at the first.
     fn span_sql(&self) -> String {
-        let Self { table, column, rows, .. } = self;
-        format!(
-            "SELECT EXTRACT(EPOCH FROM s.first)::float8, EXTRACT(EPOCH FROM s.last)::float8, \
-                    (SELECT count(*) FROM {table} WHERE {column} = s.first AND {rows}) \
-             FROM (SELECT min({column}) AS first, max({column}) AS last FROM {table} WHERE {rows}) AS s"
-        )
+        sql::completion_span(self.table, self.column, self.rows)
     }
 }
 
@@ -114,7 +110,7 @@ fn outbox_drain(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -
     runtime.block_on(outbox::insert_pending(&bed.url, args.records))?;
     let done = Done {
         what: "outbox rows published",
-        left: outbox::PENDING_SQL.into(),
+        left: sql::OUTBOX_PENDING.into(),
         table: "outbox_events",
         column: "published_at",
         rows: "true",
@@ -186,7 +182,7 @@ fn projection(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> 
     }))?;
     let done = Done {
         what: "transfers projected",
-        left: "SELECT count(*) FROM transfers WHERE status = 'PENDING'".into(),
+        left: sql::TRANSFERS_PENDING.into(),
         table: "transfers",
         column: "updated_at",
         rows: "status <> 'PENDING'",
@@ -219,14 +215,7 @@ fn outgoing(topic: &str, key: String, event: &impl Serialize, kind: EventType) -
 /// accounts.
 async fn pending_transfers(url: &str, n: usize, accounts: usize) -> anyhow::Result<Vec<(Uuid, String)>> {
     let (n, accounts) = (i32::try_from(n)?, i32::try_from(accounts)?);
-    let sql = format!(
-        "INSERT INTO transfers (id, source_account, destination_account, amount_cents, currency, status) \
-         SELECT gen_random_uuid(), {ACCOUNT_ID_SQL}, \
-                (SELECT {ACCOUNT_ID_SQL} FROM (SELECT (s.i + 1) % $2 AS i) AS d), 1 + g % 1000, 'BRL', 'PENDING' \
-         FROM (SELECT g, g % $2 AS i FROM generate_series(0, $1 - 1) AS g) AS s \
-         RETURNING id::text, source_account"
-    );
-    let rows = connect(url).await?.query(&sql, &[&n, &accounts]).await?;
+    let rows = connect(url).await?.query(&sql::insert_pending_transfers(), &[&n, &accounts]).await?;
     rows.iter().map(|r| Ok((r.get::<_, String>(0).parse()?, r.get(1)))).collect()
 }
 

@@ -1,4 +1,6 @@
-//! An owned copy of a consumed Kafka record, shared between actors.
+//! An owned copy of a consumed Kafka record, shared between actors, and the [`Lease`] of
+//! the partition assignment it was taken under: what every stage, the supervision and the
+//! dead-letter writer handle, with no dependency on how records are consumed.
 //!
 //! Decoding is total: whatever bytes a record carries, [`Record::from_message`] returns a
 //! `Record`. What tally cannot take as it is (a header name that is not UTF-8, more
@@ -8,7 +10,11 @@
 
 use rdkafka::message::{BorrowedMessage, Message};
 
-use super::raw_headers::{self, RawHeader};
+mod lease;
+mod raw_headers;
+
+pub use lease::Lease;
+use raw_headers::RawHeader;
 
 /// Headers a record may carry; past this the record is poison and only the first ones are
 /// kept (for its dead letter).
