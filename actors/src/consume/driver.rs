@@ -98,6 +98,9 @@ pub(super) fn drive(
             Some(Err(e)) => crate::kafka::log_consumer_error(&name, &e),
             None => {}
         }
+        if let Some(fatal) = crate::kafka::fatal_consumer_error(consumer.client()) {
+            return Err(fatal);
+        }
         if !paused_all && !shared.degraded_pause.load(Ordering::Relaxed) {
             flush_stashes(consumer, shared);
         }
