@@ -1,6 +1,9 @@
 //! Rebalances under cooperative (incremental) assignment: a member that joins, or one
 //! that dies, moves only the partitions that change owner. A partition that stays where it
 //! is is never revoked, so it is never drained nor read again from its committed offset.
+//! Each test runs under both consumer group protocols (classic with cooperative-sticky,
+//! and KIP-848's broker-side assignment), on the embedded broker.
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use tally_integration_tests::*;
 
@@ -33,9 +36,8 @@ async fn wait_holding(app: &TestApp, pipelines: &[&str], want: usize, what: &str
 /// other dies: its own partitions are never revoked. Eager assignment would revoke all of
 /// them both times. The ledger (partition-consumer actors) and antifraud (the
 /// transactional loop) are checked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn joining_and_dying_members_move_only_the_partitions_that_change_owner() {
-    let env = TestEnv::new().await;
+async fn joining_and_dying_members_move_only_the_partitions_that_change_owner(protocol: GroupProtocol) {
+    let env = TestEnv::under(protocol).await;
     tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
     let pipelines = ["ledger", "antifraud"];
     let stay = env.spawn(|c| run_only(c, &pipelines)).await;
@@ -76,3 +78,76 @@ async fn joining_and_dying_members_move_only_the_partitions_that_change_owner() 
     }
     stay.stop().await;
 }
+
+/// Partitions of pipeline `pipeline` that the `tally run` child with admin listener
+/// `admin` holds; 0 while it does not answer.
+async fn child_holds(admin: &str, pipeline: &str) -> usize {
+    let Ok(res) = reqwest::get(format!("http://{admin}/admin/pipelines")).await else { return 0 };
+    let Ok(all) = res.json::<serde_json::Value>().await else { return 0 };
+    let pipelines = all["pipelines"].as_array().cloned().unwrap_or_default();
+    let found = pipelines.iter().find(|p| p["name"] == pipeline).cloned().unwrap_or_default();
+    found["partitions"].as_array().map_or(0, Vec::len)
+}
+
+/// Static membership (`instance.static_membership`): a member killed (SIGKILL) and
+/// started again at once under its instance id gets back to work, holding a share of the
+/// partitions beside the other member. Under the consumer protocol the coordinator refuses
+/// the newcomer (UNRELEASED_INSTANCE_ID, fatal in librdkafka) until it expires the killed
+/// member; the stage then starts a new consumer, which is let in. (The mock's classic
+/// coordinator has no static membership: the newcomer joins as a new member. noida-db
+/// shows the classic behaviour, `noida::an_instance_killed_mid_flow_...`.)
+async fn a_static_member_killed_and_started_again_under_its_id_gets_back_to_work(protocol: GroupProtocol) {
+    let env = TestEnv::under(protocol).await;
+    tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
+    let pipelines = ["ledger"];
+    let stay = env
+        .spawn(|c| {
+            run_only(c, &pipelines);
+            c.instance.static_membership = true;
+        })
+        .await;
+    let total = stay.config.kafka.partitions as usize;
+    wait_holding(&stay, &pipelines, total, "the first member holds every partition").await;
+    let id = format!("test-static-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let start = |admin: &str| {
+        let off = "false";
+        spawn_tally_process(
+            &env,
+            &[
+                ("TALLY__INSTANCE__ID", id.as_str()),
+                ("TALLY__INSTANCE__STATIC_MEMBERSHIP", "true"),
+                ("TALLY__HTTP__ADMIN_ADDR", admin),
+                ("TALLY__PIPELINES__OUTBOX", off),
+                ("TALLY__PIPELINES__ANTIFRAUD", off),
+                ("TALLY__PIPELINES__PROJECTION", off),
+                ("TALLY__PIPELINES__ORDERS", off),
+                ("TALLY__PIPELINES__NOTIFICATIONS", off),
+            ],
+        )
+    };
+    let shared = async |admin: &str, what: &str| {
+        wait_until(what, Deadline::secs(90), || async {
+            let (here, there) = (stay.partitions_of("ledger").await, child_holds(admin, "ledger").await);
+            if there > 0 && here + there == total {
+                Ok(())
+            } else {
+                Err(format!("holding {here} here and {there} in the static member"))
+            }
+        })
+        .await;
+    };
+    let admin = free_addr();
+    let mut first = start(&admin);
+    shared(&admin, "the static member takes its share").await;
+    first.kill().expect("SIGKILL the static member");
+    let _ = first.wait();
+    let admin = free_addr();
+    let _second = start(&admin);
+    shared(&admin, "the static member, started again under its id, takes a share again").await;
+    stay.stop().await;
+}
+
+under_both_protocols!(
+    joining_and_dying_members_move_only_the_partitions_that_change_owner,
+    a_static_member_killed_and_started_again_under_its_id_gets_back_to_work,
+);
