@@ -2,11 +2,13 @@
 //! this order, later ones winning:
 //!
 //! 1. tally's defaults for the role (session and heartbeat, fetch waits, acks, linger,
-//!    compression), which an operator may change;
+//!    compression), which an operator may change; under the `consumer` group protocol
+//!    (KIP-848) the broker defines session, heartbeat and assignment, so members get none
+//!    of those;
 //! 2. the operator's pass-through properties (`kafka.consumer.*`, `kafka.producer.*`);
 //! 3. what the role needs to be correct (group id, offset storage, idempotence,
-//!    `transactional.id`, isolation level), which nothing may change: the role sets them
-//!    after this builder hands the configuration over.
+//!    `transactional.id`, isolation level, `group.protocol`), which nothing may change:
+//!    the role sets them after this builder hands the configuration over.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,6 +16,60 @@ use std::time::Duration;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::ClientConfig;
+
+/// The consumer group protocol of tally's group members (librdkafka's `group.protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupProtocol {
+    /// The protocol every broker speaks: members join, and the group leader assigns
+    /// (cooperative-sticky, incremental) after a group-wide join round.
+    #[default]
+    Classic,
+    /// KIP-848 (Kafka 4.0+): the broker's coordinator assigns partitions member by member
+    /// through heartbeats, with no group-wide round; session, heartbeat and assignor are
+    /// the broker's settings.
+    Consumer,
+}
+
+impl GroupProtocol {
+    /// Its name in librdkafka's `group.protocol`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Classic => "classic",
+            Self::Consumer => "consumer",
+        }
+    }
+
+    /// `name` as `group.protocol` spells it (`classic` or `consumer`).
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.trim() {
+            "classic" => Some(Self::Classic),
+            "consumer" => Some(Self::Consumer),
+            _ => None,
+        }
+    }
+
+    /// Consumer properties that do not apply under this protocol, each with what to use
+    /// instead: a member refuses to start with them (librdkafka does for `consumer`), so
+    /// the configuration check names them first.
+    #[must_use]
+    pub fn foreign_properties(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::Classic => &[("group.remote.assignor", "it applies under the consumer group protocol only")],
+            Self::Consumer => &[
+                ("session.timeout.ms", "the broker defines it (group.consumer.session.timeout.ms)"),
+                ("heartbeat.interval.ms", "the broker defines it (group.consumer.heartbeat.interval.ms)"),
+                (
+                    "partition.assignment.strategy",
+                    "the broker assigns; choose its assignor with \"group.remote.assignor\" (uniform or range)",
+                ),
+                ("group.protocol.type", "the consumer group protocol has no protocol type"),
+            ],
+        }
+    }
+}
 
 /// Where the clients connect and the operator's pass-through properties. `Debug` shows
 /// the properties' keys only: their values may be credentials.
@@ -24,6 +80,7 @@ pub struct KafkaClients {
     producer: BTreeMap<String, String>,
     /// `<instance id>` when consumers join as static members (`group.instance.id`).
     static_member: Option<String>,
+    group_protocol: GroupProtocol,
 }
 
 impl std::fmt::Debug for KafkaClients {
@@ -33,6 +90,7 @@ impl std::fmt::Debug for KafkaClients {
             .field("consumer", &self.consumer.keys().collect::<Vec<_>>())
             .field("producer", &self.producer.keys().collect::<Vec<_>>())
             .field("static_member", &self.static_member)
+            .field("group_protocol", &self.group_protocol)
             .finish()
     }
 }
@@ -40,7 +98,25 @@ impl std::fmt::Debug for KafkaClients {
 impl KafkaClients {
     #[must_use]
     pub fn new(bootstrap: &str, consumer: BTreeMap<String, String>, producer: BTreeMap<String, String>) -> Self {
-        Self { bootstrap: bootstrap.to_owned(), consumer, producer, static_member: None }
+        Self {
+            bootstrap: bootstrap.to_owned(),
+            consumer,
+            producer,
+            static_member: None,
+            group_protocol: GroupProtocol::Classic,
+        }
+    }
+
+    /// Group members join under `protocol` (classic unless set).
+    #[must_use]
+    pub fn with_group_protocol(mut self, protocol: GroupProtocol) -> Self {
+        self.group_protocol = protocol;
+        self
+    }
+
+    #[must_use]
+    pub fn group_protocol(&self) -> GroupProtocol {
+        self.group_protocol
     }
 
     /// Consumers of pipeline `name` join as static member `<instance_id>-<name>`.
@@ -77,8 +153,6 @@ impl KafkaClients {
             .set("auto.commit.interval.ms", "1000")
             .set("auto.offset.reset", "earliest")
             .set("statistics.interval.ms", "5000")
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
             // Prefetch per partition, bounded; librdkafka 2.x then waits
             // fetch.queue.backoff.ms (default 1 s) before fetching that partition again,
             // which starves a fast pipeline: keep the back-off short.
@@ -88,13 +162,19 @@ impl KafkaClients {
             // does not answer early when data arrives, which adds that wait per hop (the
             // engine lowers it further on its embedded broker).
             .set("fetch.wait.max.ms", "25")
+            .set_log_level(RDKafkaLogLevel::Warning);
+        if self.group_protocol == GroupProtocol::Classic {
             // Incremental cooperative rebalancing (KIP-429): a rebalance revokes only the
             // partitions that change owner; the others are not drained or re-fetched, and
             // pause fetching only while the moving ones drain. (Eager assignment revokes
-            // every partition of every member on each rebalance.)
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set_log_level(RDKafkaLogLevel::Warning);
+            // every partition of every member on each rebalance.) The consumer protocol
+            // is incremental by itself, and the broker holds these settings there.
+            c.set("session.timeout.ms", "10000")
+                .set("heartbeat.interval.ms", "1000")
+                .set("partition.assignment.strategy", "cooperative-sticky");
+        }
         let mut c = Self::layer(c, &self.consumer);
+        c.set("group.protocol", self.group_protocol.name());
         // After the pass-through: one id shared by several members would fence them all.
         if let Some(instance) = &self.static_member {
             c.set("group.instance.id", format!("{instance}-{name}"));
@@ -170,6 +250,27 @@ pub fn log_consumer_error(pipeline: &str, e: &KafkaError) {
     } else {
         tracing::warn!(pipeline, error = %e, "Consumer error.");
     }
+}
+
+/// Why a consumer is unusable, when librdkafka gave it up after a fatal error: the
+/// stage then starts a new one (after a backoff). Under the consumer group protocol the
+/// likely causes are named with what to do.
+#[must_use]
+pub fn fatal_consumer_error<C: rdkafka::ClientContext>(client: &rdkafka::client::Client<C>) -> Option<String> {
+    let (code, reason) = client.fatal_error()?;
+    let advice = match code {
+        RDKafkaErrorCode::UnsupportedVersion | RDKafkaErrorCode::UnsupportedFeature => {
+            ": the broker does not speak the consumer group protocol (KIP-848 needs Kafka 4.0 or later with \
+             group.coordinator.rebalance.protocols including consumer); set kafka.group_protocol = \"classic\""
+        }
+        RDKafkaErrorCode::UnreleasedInstanceId => {
+            ": under the consumer group protocol the broker refuses a static member whose group.instance.id \
+             another member still holds (an instance restarted before the broker expired its predecessor, after \
+             group.consumer.session.timeout.ms); a new consumer tries again"
+        }
+        _ => "",
+    };
+    Some(format!("the consumer failed fatally: {reason}{advice}"))
 }
 
 #[cfg(test)]

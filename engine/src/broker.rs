@@ -32,6 +32,19 @@ pub mod api_key {
     pub const TXN_OFFSET_COMMIT: i16 = 28;
 }
 
+/// Member session and heartbeat interval of consumer-protocol (KIP-848) groups on the
+/// embedded broker: those of tally's classic members (`session.timeout.ms`,
+/// `heartbeat.interval.ms`), so that a member that dies is expired as soon under either
+/// protocol. (The mock's own defaults are 30 s and 3 s; Kafka's are 45 s and 5 s.)
+pub const CONSUMER_GROUP_SESSION_MS: i32 = 10_000;
+pub const CONSUMER_GROUP_HEARTBEAT_MS: i32 = 1_000;
+
+// Exported by the librdkafka that rdkafka-sys builds (rdkafka_mock.h), not in its bindings.
+extern "C" {
+    fn rd_kafka_mock_set_group_consumer_session_timeout_ms(mcluster: *mut rdsys::rd_kafka_mock_cluster_t, ms: i32);
+    fn rd_kafka_mock_set_group_consumer_heartbeat_interval_ms(mcluster: *mut rdsys::rd_kafka_mock_cluster_t, ms: i32);
+}
+
 /// An in-process Kafka mock cluster. Dropping it stops the brokers.
 pub struct EmbeddedBroker {
     cluster: NonNull<rdsys::rd_kafka_mock_cluster_t>,
@@ -73,6 +86,11 @@ impl EmbeddedBroker {
         let bootstrap = unsafe { CStr::from_ptr(rdsys::rd_kafka_mock_cluster_bootstraps(cluster.as_ptr())) }
             .to_string_lossy()
             .into_owned();
+        // SAFETY: the cluster is live; both setters take the cluster's lock.
+        unsafe {
+            rd_kafka_mock_set_group_consumer_session_timeout_ms(cluster.as_ptr(), CONSUMER_GROUP_SESSION_MS);
+            rd_kafka_mock_set_group_consumer_heartbeat_interval_ms(cluster.as_ptr(), CONSUMER_GROUP_HEARTBEAT_MS);
+        }
         Ok(Self { cluster, bootstrap, brokers, _owner: owner })
     }
 

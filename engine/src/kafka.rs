@@ -10,18 +10,19 @@
 //! CreateTopics) stops the start with an error naming the topics and the setting.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
 use tracing::{info, warn};
 
 use crate::broker::EmbeddedBroker;
-use crate::config::{Config, KafkaConfig};
+use crate::config::{Config, GroupProtocol, KafkaConfig};
 
 /// Producer settings (see [`tally_actors::kafka::KafkaClients::producer`]).
 #[must_use]
@@ -188,6 +189,97 @@ pub async fn prepare_topics(
              kafka.create_topics = false (TALLY__KAFKA__CREATE_TOPICS=false) to start without creating them"
         )
     })
+}
+
+/// What librdkafka logs (debug `cgrp`) when the broker lacks ConsumerGroupHeartbeat: it
+/// marks the coordinator dead and looks it up again, forever, without an error to the
+/// application.
+const NO_HEARTBEAT_API: &str = "ConsumerGroupHeartbeatRequest not supported by broker";
+
+/// The group protocol check's consumer context: notices [`NO_HEARTBEAT_API`] in the
+/// client's log (and keeps its debug lines out of tally's).
+#[derive(Default)]
+struct ProtocolCheck {
+    unsupported: AtomicBool,
+}
+
+impl ClientContext for ProtocolCheck {
+    fn log(&self, _: RDKafkaLogLevel, _: &str, line: &str) {
+        if line.contains(NO_HEARTBEAT_API) {
+            self.unsupported.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+impl ConsumerContext for ProtocolCheck {}
+
+/// Under the consumer group protocol, finds out whether the broker speaks it before any
+/// stage joins a group: a throwaway member of group `tally-group-protocol-<instance>`
+/// subscribes to `topic` and waits for its assignment (the broker answered its
+/// heartbeats). A broker before Kafka 4.0 does not list ConsumerGroupHeartbeat in its
+/// ApiVersions; librdkafka then never sends one and reports nothing to the application
+/// (its consumers would wait for an assignment forever), only a debug line, which the
+/// check watches for. Bounded by `kafka.admin_timeout_ms`; with no answer either way it
+/// warns and lets the start go on. Under the classic protocol it does nothing.
+///
+/// # Errors
+/// When the broker does not speak the consumer group protocol, with what to set instead.
+pub async fn check_group_protocol(
+    kafka: &KafkaConfig,
+    bootstrap: &str,
+    topic: &str,
+    instance: &str,
+) -> anyhow::Result<()> {
+    if kafka.effective_group_protocol() != GroupProtocol::Consumer {
+        return Ok(());
+    }
+    let mut config = kafka.clients(bootstrap).group_consumer("group-protocol-check");
+    config
+        .set("group.id", format!("tally-group-protocol-{instance}"))
+        .set("enable.auto.commit", "false")
+        .set("debug", "cgrp")
+        .set_log_level(RDKafkaLogLevel::Debug);
+    let timeout = kafka.admin_timeout;
+    let topic = topic.to_owned();
+    let bootstrap = bootstrap.to_owned();
+    let answered = tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
+        let refused = |why: &str| {
+            anyhow::anyhow!(
+                "kafka.group_protocol is \"consumer\" but {bootstrap} refused it: {why}. The consumer group \
+                 protocol (KIP-848) needs Kafka 4.0 or later with group.coordinator.rebalance.protocols including \
+                 consumer; set kafka.group_protocol = \"classic\" (and leave kafka.consumer.\"group.protocol\" out)"
+            )
+        };
+        let member: BaseConsumer<ProtocolCheck> = config
+            .create_with_context(ProtocolCheck::default())
+            .context("cannot create the group protocol check's consumer")?;
+        member.subscribe(&[&topic]).context("cannot subscribe the group protocol check's consumer")?;
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            let _ = member.poll(Duration::from_millis(100));
+            if member.context().unsupported.load(Ordering::Relaxed) {
+                return Err(refused("its ApiVersions lists no ConsumerGroupHeartbeat"));
+            }
+            if let Some(fatal) = tally_actors::kafka::fatal_consumer_error(member.client()) {
+                return Err(refused(&fatal));
+            }
+            if member.assignment().is_ok_and(|a| a.count() > 0) {
+                member.unsubscribe();
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    })
+    .await
+    .context("the group protocol check failed")??;
+    if !answered {
+        warn!(
+            timeout_ms = timeout.as_millis() as u64,
+            "Cannot tell whether the broker speaks the consumer group protocol (no assignment within \
+             kafka.admin_timeout_ms); the stages join under it anyway."
+        );
+    }
+    Ok(())
 }
 
 async fn create_through_admin_api(kafka: &KafkaConfig, missing: &[TopicSpec], bootstrap: &str) -> anyhow::Result<()> {

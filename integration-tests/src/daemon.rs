@@ -8,11 +8,17 @@ use super::*;
 pub struct TestEnv {
     pub db: TestDb,
     pub broker: Arc<EmbeddedBroker>,
+    /// The consumer group protocol of every daemon spawned here (`kafka.group_protocol`).
+    pub protocol: GroupProtocol,
 }
 
 impl std::fmt::Debug for TestEnv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestEnv").field("db", &self.db).field("broker", &self.broker).finish()
+        f.debug_struct("TestEnv")
+            .field("db", &self.db)
+            .field("broker", &self.broker)
+            .field("protocol", &self.protocol)
+            .finish()
     }
 }
 
@@ -22,11 +28,19 @@ impl TestEnv {
     /// # Panics
     /// When the database or the broker cannot be created.
     pub async fn new() -> Self {
+        Self::under(GroupProtocol::Classic).await
+    }
+
+    /// [`TestEnv::new`] whose daemons join their groups under `protocol`.
+    ///
+    /// # Panics
+    /// When the database or the broker cannot be created.
+    pub async fn under(protocol: GroupProtocol) -> Self {
         let db = TestDb::new().await;
         let broker = Arc::new(
             EmbeddedBroker::start(Config::default().kafka.embedded_brokers).expect("start the embedded Kafka broker"),
         );
-        Self { db, broker }
+        Self { db, broker, protocol }
     }
 
     /// The broker's `bootstrap.servers`.
@@ -46,6 +60,7 @@ impl TestEnv {
         c.database.url = SecretUrl::new(self.db.url());
         c.database.pools = test_pools();
         c.kafka.embedded_brokers = self.broker.broker_count();
+        c.kafka.group_protocol = self.protocol;
         c.http.intake_addr = ([127, 0, 0, 1], 0).into();
         c.http.admin_addr = ([127, 0, 0, 1], 0).into();
         c.http.workers = 1;
@@ -122,7 +137,12 @@ pub fn run_only(c: &mut Config, names: &[&str]) {
 /// the defaults). Bind as `let (env, app) = ...` so the daemon stops before the database
 /// is dropped.
 pub async fn spawn_app(configure: impl FnOnce(&mut Config)) -> (TestEnv, TestApp) {
-    let env = TestEnv::new().await;
+    spawn_app_under(GroupProtocol::Classic, configure).await
+}
+
+/// [`spawn_app`] with the daemon's groups joined under `protocol`.
+pub async fn spawn_app_under(protocol: GroupProtocol, configure: impl FnOnce(&mut Config)) -> (TestEnv, TestApp) {
+    let env = TestEnv::under(protocol).await;
     let app = env.spawn(configure).await;
     (env, app)
 }
@@ -370,6 +390,7 @@ pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> TallyProces
         .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
         .env("TALLY__HTTP__ADMIN_ADDR", "127.0.0.1:0")
         .env("TALLY__INSTANCE__ID", format!("test-child-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
+        .env("TALLY__KAFKA__GROUP_PROTOCOL", env.protocol.name())
         .envs(extra.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())

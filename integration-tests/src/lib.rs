@@ -49,6 +49,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tally_engine::broker::EmbeddedBroker;
+pub use tally_engine::config::GroupProtocol;
 use tally_engine::config::{DbPool, PoolsConfig, SecretUrl};
 use tally_engine::{Config, DaemonHandle};
 use tokio_postgres::types::ToSql;
@@ -73,6 +74,25 @@ pub use wait::*;
 pub use webhook::*;
 
 pub use tally_engine;
+
+/// Runs each async test function `name(protocol: GroupProtocol)` under both consumer group
+/// protocols, as the tests `name::classic` and `name::consumer` (multi-threaded runtime,
+/// two workers).
+#[macro_export]
+macro_rules! under_both_protocols {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn classic() {
+                super::$name($crate::GroupProtocol::Classic).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn consumer() {
+                super::$name($crate::GroupProtocol::Consumer).await;
+            }
+        }
+    )+};
+}
 
 /// The server on which tests create their databases.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";

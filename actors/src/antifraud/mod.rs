@@ -181,13 +181,20 @@ impl Antifraud {
                     runtime: &runtime,
                     pool: &pool,
                 };
-                let Err(panic) = catch_unwind(AssertUnwindSafe(|| drive(&io, producer, &mut risk))) else { break };
-                let cause = panic_message(&*panic);
-                let record = crashes.crashed(&cause);
+                let (cause, record) = match catch_unwind(AssertUnwindSafe(|| drive(&io, producer, &mut risk))) {
+                    Ok(Ok(())) => break,
+                    // Not a record's fault: the consumer is gone.
+                    Ok(Err(cause)) => (cause, None),
+                    Err(panic) => {
+                        let cause = panic_message(&*panic);
+                        let record = crashes.crashed(&cause);
+                        (cause, record)
+                    }
+                };
                 metrics.stage_restarts_total.with_label_values(&[PIPELINE]).inc();
                 let wait = loop_restarts.crashed(&cause);
                 tracing::error!(pipeline = PIPELINE, cause, record = ?record, wait_ms = wait.as_millis() as u64,
-                    "Stage crashed (a bug); its open transaction is abandoned and it restarts from the committed offsets.");
+                    "Stage crashed; its open transaction is abandoned and it restarts from the committed offsets.");
                 // The next producer's init_transactions fences and aborts what this one left open.
                 consumer.unsubscribe();
                 drop(consumer);
@@ -228,7 +235,8 @@ struct LoopIo<'a> {
     pool: &'a PgPool,
 }
 
-fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, risk: &mut Box<dyn RiskEngine>) {
+/// Runs the loop until stopped (`Ok`), or until its consumer fails fatally (`Err`, why).
+fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, risk: &mut Box<dyn RiskEngine>) -> Result<(), String> {
     let LoopIo { consumer, spec, metrics, control, status, .. } = *io;
     let mut last_status = Instant::now();
     loop {
@@ -242,7 +250,7 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, risk: &mut Box<dyn RiskEngi
                     consumer.unsubscribe();
                     let _ = producer.flush(Duration::from_secs(10));
                     let _ = done.send(());
-                    return;
+                    return Ok(());
                 }
                 Control::Pause(applied) => {
                     set_admin_pause(consumer, status, true, true);
@@ -255,6 +263,9 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, risk: &mut Box<dyn RiskEngi
             }
         }
         let mut batch = gather(consumer, spec);
+        if let Some(fatal) = crate::kafka::fatal_consumer_error(consumer.client()) {
+            return Err(fatal);
+        }
         if batch.is_empty() {
             continue;
         }
@@ -263,14 +274,14 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, risk: &mut Box<dyn RiskEngi
         let hops = output::Hops::start(&batch);
         let Some(decided) = batch::decide(io, &mut batch, risk.as_mut()) else {
             // Stopping while the database was away: nothing was produced or committed.
-            return;
+            return Ok(());
         };
         for d in decided.values() {
             metrics.antifraud_score.observe(f64::from(d.score));
         }
         let items = batch::outputs(batch, &decided, spec, &hops);
         if !batch::commit_batch(io, &mut producer, items) {
-            return;
+            return Ok(());
         }
         metrics.inflight.with_label_values(&[PIPELINE, "all"]).set(0);
     }

@@ -95,6 +95,9 @@ pub(super) fn drive(
             Some(Err(e)) => crate::kafka::log_consumer_error(&name, &e),
             None => {}
         }
+        if let Some(fatal) = crate::kafka::fatal_consumer_error(consumer.client()) {
+            return Err(fatal);
+        }
         if shared.pauses().flowing() {
             flush_stashes(consumer, shared);
         }

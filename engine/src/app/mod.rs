@@ -62,6 +62,11 @@ impl KafkaEndpoint {
         let create = config.kafka.create_topics || embedded.is_some();
         kafka::prepare_topics(&config.kafka, &kafka::topic_specs(config), &bootstrap, embedded.as_deref(), create)
             .await?;
+        if embedded.is_none() {
+            // The embedded broker speaks both protocols.
+            let topic = &config.kafka.topics.transfers_requested;
+            kafka::check_group_protocol(&config.kafka, &bootstrap, topic, &config.instance.id).await?;
+        }
         Ok(Self { bootstrap, embedded })
     }
 }

@@ -85,37 +85,40 @@ impl<'a> Site<'a> {
         group: &str,
         extra: &[(&str, &str)],
     ) -> anyhow::Result<Vec<Daemon>> {
+        let daemons = (0..n).map(|i| self.spawn(i, topic, group, extra)).collect::<anyhow::Result<Vec<_>>>()?;
+        self.wait_shared(daemons)
+    }
+
+    /// Starts daemon `i` of `group` (see [`Site::start`]) without waiting for it to join.
+    pub(super) fn spawn(&self, i: usize, topic: &str, group: &str, extra: &[(&str, &str)]) -> anyhow::Result<Daemon> {
         let exe = std::env::current_exe().context("cannot find the tally executable")?;
         std::fs::create_dir_all("target/bench").context("cannot create target/bench")?;
-        let mut daemons = Vec::with_capacity(n);
-        for i in 0..n {
-            let admin = free_addr()?;
-            let log = std::fs::File::create(format!("target/bench/{group}-{i}.log"))
-                .context("cannot create a daemon log under target/bench")?;
-            let child = Command::new(&exe)
-                .arg("run")
-                .env("TALLY__DATABASE__URL", &self.url)
-                .env("TALLY__KAFKA__BROKERS", self.broker.bootstrap_servers())
-                .env("TALLY__KAFKA__CREATE_TOPICS", "false")
-                .env("TALLY__KAFKA__TOPICS__TRANSFERS_ANALYZED", topic)
-                .env("TALLY__LEDGER__GROUP_ID", group)
-                .env("TALLY__INSTANCE__ID", format!("{group}-{i}"))
-                .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
-                .env("TALLY__HTTP__ADMIN_ADDR", &admin)
-                .env("TALLY__LOG__LEVEL", "warn")
-                .envs(
-                    ["OUTBOX", "ANTIFRAUD", "PROJECTION", "ORDERS", "NOTIFICATIONS"]
-                        .map(|p| (format!("TALLY__PIPELINES__{p}"), "false")),
-                )
-                .envs(extra.iter().copied())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .context("cannot start tally run")?;
-            daemons.push(Daemon { child, admin: format!("http://{admin}") });
-        }
-        self.wait_shared(daemons)
+        let admin = free_addr()?;
+        let log = std::fs::File::create(format!("target/bench/{group}-{i}.log"))
+            .context("cannot create a daemon log under target/bench")?;
+        let child = Command::new(&exe)
+            .arg("run")
+            .env("TALLY__DATABASE__URL", &self.url)
+            .env("TALLY__KAFKA__BROKERS", self.broker.bootstrap_servers())
+            .env("TALLY__KAFKA__CREATE_TOPICS", "false")
+            .env("TALLY__KAFKA__TOPICS__TRANSFERS_ANALYZED", topic)
+            .env("TALLY__LEDGER__GROUP_ID", group)
+            .env("TALLY__INSTANCE__ID", format!("{group}-{i}"))
+            .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
+            .env("TALLY__HTTP__ADMIN_ADDR", &admin)
+            .env("TALLY__LOG__LEVEL", "warn")
+            .env("TALLY__KAFKA__GROUP_PROTOCOL", self.base.kafka.effective_group_protocol().name())
+            .envs(
+                ["OUTBOX", "ANTIFRAUD", "PROJECTION", "ORDERS", "NOTIFICATIONS"]
+                    .map(|p| (format!("TALLY__PIPELINES__{p}"), "false")),
+            )
+            .envs(extra.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("cannot start tally run")?;
+        Ok(Daemon { child, admin: format!("http://{admin}") })
     }
 
     fn wait_shared(&self, daemons: Vec<Daemon>) -> anyhow::Result<Vec<Daemon>> {

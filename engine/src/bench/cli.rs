@@ -100,10 +100,10 @@ pub enum Scenario {
         transfers: usize,
         #[arg(long, default_value_t = 10_000)]
         accounts: usize,
-        /// Records per second through the kill run.
+        /// Records per second through the kill and join runs.
         #[arg(long, default_value_t = 1_000)]
         rate: u32,
-        /// Length of the kill run (the kill happens at a third of it).
+        /// Length of the kill run and of the join run (the change happens at a third of it).
         #[arg(long, default_value_t = 30)]
         kill_seconds: u64,
         /// Its database on the server of `database.url`: dropped and re-created, so two

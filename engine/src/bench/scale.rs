@@ -12,6 +12,11 @@
 //!   partitions it is the stream's own spacing (cooperative assignment never revokes them),
 //!   for the dead one's it is the time until the group expires it (`session.timeout.ms`)
 //!   and the survivor takes them over.
+//! - **Join**: one daemon under the same stream, a second started part-way. The same gaps,
+//!   over the partitions the first keeps and over those the newcomer takes: how long a
+//!   rebalance holds a moving partition (both protocols move only those).
+//!
+//! The daemons join under `kafka.group_protocol` of the bench's configuration.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -22,7 +27,7 @@ use uuid::Uuid;
 
 use super::child::{epoch_ms, shares, Site, Stream};
 use super::{connect, quantile, sql, write_report, Progress};
-use crate::config::Config;
+use crate::config::{Config, GroupProtocol};
 
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -31,9 +36,9 @@ pub struct Args {
     /// Records per throughput run.
     pub transfers: usize,
     pub accounts: usize,
-    /// Records per second through the kill run.
+    /// Records per second through the kill and join runs.
     pub rate: u32,
-    /// Length of the kill run's stream; the kill happens at a third of it.
+    /// Length of the kill and join runs' streams; the change happens at a third of each.
     pub kill_seconds: u64,
     /// The database (dropped and re-created).
     pub database: String,
@@ -47,19 +52,32 @@ struct Throughput {
     records_per_second: f64,
 }
 
+/// What disturbs the group part-way through a steady stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    /// Two daemons; the second is killed (SIGKILL).
+    Kill,
+    /// One daemon; a second joins.
+    Join,
+}
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Kill {
+struct Disturbed {
     rate: u32,
     records: usize,
-    /// The longest gap between two settlements of one partition after the kill, over the
-    /// partitions the survivor held before it (ms).
+    /// The longest gap between two settlements of one partition after the change, over
+    /// the partitions that kept their owner: the survivor's (kill) or the first daemon's
+    /// (join) (ms).
     survivor_partitions_max_gap_ms: f64,
-    /// The same over the killed daemon's partitions: how long they stood still (ms).
+    /// The same over the partitions that changed owner: the killed daemon's, or those the
+    /// newcomer took (ms).
     moved_partitions_max_gap_ms: f64,
     /// Produce -> settled over the whole run (ms).
     latency_p50_ms: Option<f64>,
     latency_p99_ms: Option<f64>,
+    /// The group member's session timeout: the client's under the classic protocol, the
+    /// embedded broker's under the consumer protocol.
     session_timeout_ms: String,
 }
 
@@ -69,8 +87,10 @@ struct Report {
     scenario: &'static str,
     partitions: i32,
     accounts: usize,
+    group_protocol: &'static str,
     throughput: Vec<Throughput>,
-    kill: Kill,
+    kill: Disturbed,
+    join: Disturbed,
 }
 
 /// Runs the scenario.
@@ -90,8 +110,18 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
         throughput.push(Throughput { daemons: n, records: args.transfers, records_per_second });
     }
     eprintln!("scale bench: kill one of two daemons under {} records/s", args.rate);
-    let kill = kill_one_of_two(&site, args)?;
-    let report = Report { scenario: "scale", partitions: site.partitions, accounts: args.accounts, throughput, kill };
+    let kill = disturbed(&site, args, Change::Kill)?;
+    eprintln!("scale bench: a second daemon joins under {} records/s", args.rate);
+    let join = disturbed(&site, args, Change::Join)?;
+    let report = Report {
+        scenario: "scale",
+        partitions: site.partitions,
+        accounts: args.accounts,
+        group_protocol: base.kafka.effective_group_protocol().name(),
+        throughput,
+        kill,
+        join,
+    };
     print_table(&report);
     let path = write_report("scale", &report)?;
     println!("JSON: {}", path.display());
@@ -122,10 +152,12 @@ fn measure_throughput(site: &Site<'_>, n: usize, transfers: usize) -> anyhow::Re
     Ok(rate)
 }
 
-fn kill_one_of_two(site: &Site<'_>, args: &Args) -> anyhow::Result<Kill> {
-    let (topic, group) = site.prepare("scale", "kill")?;
-    let mut daemons = site.start(2, &topic, &group, &[])?;
-    let owned: Vec<Vec<i32>> = site.runtime.block_on(shares(&daemons));
+/// A steady stream through the group, changed (`change`) at a third of it.
+fn disturbed(site: &Site<'_>, args: &Args, change: Change) -> anyhow::Result<Disturbed> {
+    let name = if change == Change::Kill { "kill" } else { "join" };
+    let (topic, group) = site.prepare("scale", name)?;
+    let mut daemons = site.start(if change == Change::Kill { 2 } else { 1 }, &topic, &group, &[])?;
+    let mut owned: Vec<Vec<i32>> = site.runtime.block_on(shares(&daemons));
     let db = site.runtime.block_on(connect(&site.url))?;
     let before = site.runtime.block_on(processed(&db))?;
     let producer = site.producer()?;
@@ -133,8 +165,8 @@ fn kill_one_of_two(site: &Site<'_>, args: &Args) -> anyhow::Result<Kill> {
     // Transfer id -> (partition, produced at).
     let mut sent: HashMap<Uuid, (i32, f64)> = HashMap::new();
     let records = args.rate as usize * args.kill_seconds as usize;
-    let kill_at = Duration::from_secs(args.kill_seconds) / 3;
-    let mut killed_at = None;
+    let change_at = Duration::from_secs(args.kill_seconds) / 3;
+    let mut changed_at = None;
     let start = Instant::now();
     let mut progress = Progress::bar("records produced at the rate", records as u64);
     site.runtime.block_on(async {
@@ -142,13 +174,17 @@ fn kill_one_of_two(site: &Site<'_>, args: &Args) -> anyhow::Result<Kill> {
         for i in 0..records {
             let due = Duration::from_secs_f64(i as f64 / f64::from(args.rate));
             tokio::time::sleep_until((start + due).into()).await;
-            if killed_at.is_none() && start.elapsed() >= kill_at {
-                if let Some(victim) = daemons.last_mut() {
+            if changed_at.is_none() && start.elapsed() >= change_at {
+                if change == Change::Join {
+                    daemons.push(site.spawn(1, &topic, &group, &[])?);
+                    changed_at = Some(epoch_ms());
+                    eprintln!("  started a second daemon after {change_at:?}");
+                } else if let Some(victim) = daemons.last_mut() {
                     victim.child.kill().context("cannot kill a daemon")?;
                     let _ = victim.child.wait();
+                    changed_at = Some(epoch_ms());
+                    eprintln!("  killed the second daemon (SIGKILL) after {change_at:?}");
                 }
-                killed_at = Some(epoch_ms());
-                eprintln!("  killed the second daemon (SIGKILL) after {kill_at:?}");
             }
             let one = stream.send(&producer, &topic)?;
             sent.insert(one.transfer_id, (one.partition, one.at_ms));
@@ -162,14 +198,18 @@ fn kill_one_of_two(site: &Site<'_>, args: &Args) -> anyhow::Result<Kill> {
         anyhow::Ok(())
     })?;
     wait_processed(site, &db, before + records as i64)?;
-    let killed_at = killed_at.context("the stream ended before the kill")?;
+    let changed_at = changed_at.context("the stream ended before the change")?;
     let settled = site.runtime.block_on(settled_at(&db, &sent))?;
+    if change == Change::Join {
+        // Who holds what once the newcomer is in: [the first's, the newcomer's].
+        owned = site.runtime.block_on(shares(&daemons));
+    }
     drop(daemons);
     let gap = |partitions: &[i32]| {
         partitions
             .iter()
             .filter_map(|p| settled.get(p))
-            .map(|times| longest_gap_after(times, killed_at))
+            .map(|times| longest_gap_after(times, changed_at))
             .fold(0.0, f64::max)
     };
     let at: HashMap<Uuid, f64> = settled.values().flatten().copied().collect();
@@ -178,21 +218,19 @@ fn kill_one_of_two(site: &Site<'_>, args: &Args) -> anyhow::Result<Kill> {
         .filter_map(|(id, (_, produced))| at.get(id).map(|settled| ms_between(*produced, *settled)))
         .collect();
     latencies.sort_by(f64::total_cmp);
-    Ok(Kill {
+    Ok(Disturbed {
         rate: args.rate,
         records,
         survivor_partitions_max_gap_ms: gap(owned.first().map_or(&[][..], Vec::as_slice)),
         moved_partitions_max_gap_ms: gap(owned.get(1).map_or(&[][..], Vec::as_slice)),
         latency_p50_ms: quantile(&latencies, 0.5),
         latency_p99_ms: quantile(&latencies, 0.99),
-        session_timeout_ms: site
-            .base
-            .kafka
-            .clients("")
-            .group_consumer("ledger")
-            .get("session.timeout.ms")
-            .unwrap_or("?")
-            .to_owned(),
+        session_timeout_ms: match site.base.kafka.effective_group_protocol() {
+            GroupProtocol::Classic => {
+                site.base.kafka.clients("").group_consumer("ledger").get("session.timeout.ms").unwrap_or("?").to_owned()
+            }
+            GroupProtocol::Consumer => crate::broker::CONSUMER_GROUP_SESSION_MS.to_string(),
+        },
     })
 }
 
@@ -270,19 +308,24 @@ fn print_table(r: &Report) {
             t.records_per_second / one
         );
     }
-    let k = &r.kill;
     let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
-    println!(
-        "kill one of two at {}/s ({} records, session timeout {} ms): survivor's partitions stood still at most \
-         {:.0} ms, the killed one's {:.0} ms; produce -> settled p50 {} ms, p99 {} ms",
-        k.rate,
-        k.records,
-        k.session_timeout_ms,
-        k.survivor_partitions_max_gap_ms,
-        k.moved_partitions_max_gap_ms,
-        opt(k.latency_p50_ms),
-        opt(k.latency_p99_ms)
-    );
+    for (k, what, kept, moved) in [
+        (&r.kill, "kill one of two", "survivor's", "the killed one's"),
+        (&r.join, "a second joins", "first's", "moved"),
+    ] {
+        println!(
+            "{what} at {}/s ({} records, {} group protocol, session timeout {} ms): {kept} partitions stood still \
+             at most {:.0} ms, {moved} {:.0} ms; produce -> settled p50 {} ms, p99 {} ms",
+            k.rate,
+            k.records,
+            r.group_protocol,
+            k.session_timeout_ms,
+            k.survivor_partitions_max_gap_ms,
+            k.moved_partitions_max_gap_ms,
+            opt(k.latency_p50_ms),
+            opt(k.latency_p99_ms)
+        );
+    }
 }
 
 #[cfg(test)]

@@ -52,6 +52,10 @@ const KEYS: &[(&str, &str)] = &[
     ("kafka.topics.orders_received", "Orders to materialise."),
     ("kafka.producer", "librdkafka properties for every producer, e.g. \"sasl.password\" = \"...\" (never printed)."),
     ("kafka.consumer", "librdkafka properties for every consumer, e.g. \"session.timeout.ms\" = \"45000\"."),
+    (
+        "kafka.group_protocol",
+        "\"classic\" (any broker) or \"consumer\" (KIP-848, Kafka 4.0+: the broker assigns, no group-wide stop).",
+    ),
     ("http", "The intake and admin listeners."),
     ("http.intake_addr", "Listener of the intake API (POST /transfers, /accounts, /orders)."),
     ("http.admin_addr", "Listener of the admin API: /healthz, /readyz, /metrics, /admin/*."),

@@ -1,7 +1,8 @@
 //! `[kafka]`: the cluster (or the embedded broker), topic names and topic creation, and
-//! the librdkafka pass-through properties.
+//! the librdkafka pass-through properties, and the consumer group protocol.
 
 use super::*;
+pub use tally_actors::kafka::GroupProtocol;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -29,6 +30,11 @@ pub struct KafkaConfig {
     pub producer: ClientProperties,
     /// librdkafka properties passed through to every consumer.
     pub consumer: ClientProperties,
+    /// The consumer group protocol of every group member tally makes: `classic` (every
+    /// broker) or `consumer` (KIP-848, Kafka 4.0+; the broker assigns partitions through
+    /// heartbeats). `kafka.consumer."group.protocol"`, librdkafka's name for it, sets it
+    /// too.
+    pub group_protocol: GroupProtocol,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -55,6 +61,7 @@ impl Default for KafkaConfig {
             topics: TopicsConfig::default(),
             producer: ClientProperties::default(),
             consumer: ClientProperties::default(),
+            group_protocol: GroupProtocol::Classic,
         }
     }
 }
@@ -92,6 +99,9 @@ impl TopicsConfig {
     }
 }
 
+/// librdkafka's name of [`KafkaConfig::group_protocol`].
+const GROUP_PROTOCOL_KEY: &str = "group.protocol";
+
 /// `fetch.wait.max.ms` of consumers on the embedded broker (see [`KafkaConfig::clients`]).
 const EMBEDDED_FETCH_WAIT_MS: &str = "5";
 
@@ -108,7 +118,19 @@ impl KafkaConfig {
         if self.is_embedded() {
             consumer.entry("fetch.wait.max.ms".into()).or_insert_with(|| EMBEDDED_FETCH_WAIT_MS.into());
         }
+        // Group members get it from the builder; readers, which join no group, stay classic.
+        consumer.remove(GROUP_PROTOCOL_KEY);
         tally_actors::kafka::KafkaClients::new(bootstrap, consumer, (*self.producer).clone())
+            .with_group_protocol(self.effective_group_protocol())
+    }
+
+    /// The protocol group members join under: `kafka.consumer."group.protocol"` when it
+    /// is set (the validation refuses a value other than `classic` or `consumer`, and a
+    /// `classic` there against `kafka.group_protocol = "consumer"`), else
+    /// `kafka.group_protocol`.
+    #[must_use]
+    pub fn effective_group_protocol(&self) -> GroupProtocol {
+        self.consumer.get(GROUP_PROTOCOL_KEY).and_then(|v| GroupProtocol::parse(v)).unwrap_or(self.group_protocol)
     }
 
     #[must_use]
@@ -163,6 +185,7 @@ impl KafkaConfig {
         if self.retention_ms != -1 && self.retention_ms < 60_000 {
             return invalid("kafka.retention_ms", "must be -1 (keep forever) or at least 60000 (one minute)");
         }
+        self.validate_group_protocol()?;
         let topics = self.topics.all();
         if topics.iter().any(|t| !valid_topic_name(t)) {
             return invalid("kafka.topics", "names must be 1..=200 characters of [a-zA-Z0-9._-]");
@@ -174,5 +197,44 @@ impl KafkaConfig {
             return invalid("kafka.topics", "names must be distinct");
         }
         Ok(())
+    }
+}
+
+impl KafkaConfig {
+    /// The pass-through `group.protocol` names a protocol and agrees with
+    /// `kafka.group_protocol`; no pass-through consumer property is one that the
+    /// protocol in effect does not have (librdkafka would refuse to create the consumer).
+    fn validate_group_protocol(&self) -> Result<(), ConfigError> {
+        if let Some(value) = self.consumer.get(GROUP_PROTOCOL_KEY) {
+            match GroupProtocol::parse(value) {
+                None => return invalid("kafka.consumer", "\"group.protocol\" must be \"classic\" or \"consumer\""),
+                Some(GroupProtocol::Classic) if self.group_protocol == GroupProtocol::Consumer => {
+                    return invalid(
+                        "kafka.group_protocol",
+                        "is \"consumer\" but kafka.consumer.\"group.protocol\" is \"classic\": set one of them",
+                    );
+                }
+                Some(_) => {}
+            }
+        }
+        let protocol = self.effective_group_protocol();
+        let foreign: Vec<String> = protocol
+            .foreign_properties()
+            .iter()
+            .filter(|(key, _)| self.consumer.contains_key(*key))
+            .map(|(key, why)| format!("\"{key}\" ({why})"))
+            .collect();
+        if foreign.is_empty() {
+            return Ok(());
+        }
+        invalid(
+            "kafka.consumer",
+            format!(
+                "sets properties that do not apply under the {} group protocol: {}. Remove them, or choose the \
+                 other protocol with kafka.group_protocol",
+                protocol.name(),
+                foreign.join("; ")
+            ),
+        )
     }
 }

@@ -38,7 +38,7 @@ pub use database::DatabaseConfig;
 pub use example::example_toml;
 pub use http::HttpConfig;
 pub use instance::{InstanceConfig, LogConfig, LogFormat};
-pub use kafka::{KafkaConfig, TopicsConfig, RECORD_OVERHEAD_BYTES};
+pub use kafka::{GroupProtocol, KafkaConfig, TopicsConfig, RECORD_OVERHEAD_BYTES};
 pub use ledger::LedgerConfig;
 pub use notifications::NotificationsConfig;
 pub use outbox::OutboxConfig;

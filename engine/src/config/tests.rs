@@ -35,6 +35,48 @@ fn consumers_on_the_embedded_broker_wait_less_for_empty_fetches() {
 }
 
 #[test]
+fn the_group_protocol_shapes_every_group_member_and_names_the_keys_that_do_not_apply() {
+    let member = |c: &Config| c.kafka.clients("b:9092").group_consumer("ledger");
+    let classic = with("").unwrap();
+    assert_eq!(classic.kafka.group_protocol, GroupProtocol::Classic, "every broker speaks it");
+    let m = member(&classic);
+    assert_eq!(m.get("group.protocol"), Some("classic"));
+    assert_eq!(m.get("partition.assignment.strategy"), Some("cooperative-sticky"));
+    assert_eq!(m.get("session.timeout.ms"), Some("10000"));
+    let consumer = with("[kafka]\ngroup_protocol = \"consumer\"").unwrap();
+    // The seed's way: librdkafka's own property, passed through.
+    let seed = with("[kafka.consumer]\n\"group.protocol\" = \"consumer\"").unwrap();
+    for c in [&consumer, &seed] {
+        let m = member(c);
+        assert_eq!(m.get("group.protocol"), Some("consumer"));
+        for key in ["session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"] {
+            assert_eq!(m.get(key), None, "{key} is the broker's under the consumer protocol");
+        }
+        let reader = c.kafka.clients("b:9092").reader("tally-dlt-admin", None);
+        assert_eq!(reader.get("group.protocol"), None, "a reader joins no group");
+    }
+    let e = with(
+        "[kafka]\ngroup_protocol = \"consumer\"\n[kafka.consumer]\n\"session.timeout.ms\" = \"45000\"\n\
+                  \"partition.assignment.strategy\" = \"range\"",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("kafka.consumer") && e.contains("\"session.timeout.ms\" (the broker defines it"), "{e}");
+    assert!(e.contains("\"partition.assignment.strategy\""), "every key that does not apply is named: {e}");
+    let e = with("[kafka.consumer]\n\"group.remote.assignor\" = \"uniform\"").unwrap_err().to_string();
+    assert!(e.contains("under the classic group protocol") && e.contains("group.remote.assignor"), "{e}");
+    let ok = with("[kafka]\ngroup_protocol = \"consumer\"\n[kafka.consumer]\n\"group.remote.assignor\" = \"range\"");
+    assert_eq!(member(&ok.unwrap()).get("group.remote.assignor"), Some("range"));
+    let e = with("[kafka]\ngroup_protocol = \"consumer\"\n[kafka.consumer]\n\"group.protocol\" = \"classic\"")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kafka.group_protocol"), "{e}");
+    let e = with("[kafka.consumer]\n\"group.protocol\" = \"next\"").unwrap_err().to_string();
+    assert!(e.contains("\"group.protocol\" must be"), "{e}");
+    assert!(with("[kafka]\ngroup_protocol = \"next\"").is_err());
+}
+
+#[test]
 fn defaults_are_valid_and_match_design() {
     let c = with("").unwrap();
     assert_eq!(c.http.intake_addr.to_string(), "127.0.0.1:8080");

@@ -219,12 +219,33 @@ async fn admin_endpoints_showing_records_or_changing_state_need_the_token() {
 /// settles a transfer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tally_run_with_defaults_works_against_tally_broker() {
+    run_against_tally_broker_settles_a_transfer("defaults", None).await;
+}
+
+/// The consumer group protocol (KIP-848) as the seed's services set it, through
+/// librdkafka's own property in the configuration file: `tally run` against `tally broker`
+/// (whose mock cluster speaks it) checks the broker at start, joins every group under it,
+/// and settles a transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tally_run_with_the_seeds_group_protocol_setting_settles_transfers() {
+    let file = tally_binary().with_file_name(format!("first-run-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&file, "[kafka.consumer]\n\"group.protocol\" = \"consumer\"\n").expect("config file");
+    run_against_tally_broker_settles_a_transfer("group-protocol", Some(&file)).await;
+}
+
+/// `tally [--config <file>] run` against `tally broker`, with nothing else but the broker
+/// address (and this test's database and ports): it reaches readiness and settles a
+/// transfer.
+async fn run_against_tally_broker_settles_a_transfer(name: &str, config: Option<&std::path::Path>) {
     let db = TestDb::new().await;
     let (_broker, bootstrap) = start_broker().await;
     let (admin, intake) = (free_addr(), free_addr());
+    let file = config.map(|f| f.display().to_string());
+    let mut args: Vec<&str> = file.as_deref().map(|f| vec!["--config", f]).unwrap_or_default();
+    args.push("run");
     let run = Proc::start(
-        "defaults",
-        &["run"],
+        name,
+        &args,
         &[
             ("TALLY__DATABASE__URL", db.url()),
             ("TALLY__KAFKA__BROKERS", &bootstrap),

@@ -6,6 +6,7 @@
 //! consumers and does not store offsets sent in a transaction, so these tests assert that
 //! downstream stages stay exactly-once in effect (derived ids + the ledger inbox); the
 //! isolation, fencing and restart tests run on noida-db (`noida.rs` beside this file).
+//! Every test runs under both consumer group protocols (`name::classic`, `name::consumer`).
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::collections::HashMap;
@@ -18,13 +19,13 @@ use tally_engine::broker::api_key;
 use tally_engine::config::Secret;
 use tally_integration_tests::{
     antifraud_decisions, balance_of as balance, create_account as account, final_state, json_body, metric_value,
-    post_transfer as transfer, postings_of, read_topic, spawn_app, wait_until, Deadline, TestApp, TestEnv,
+    post_transfer as transfer, postings_of, read_topic, spawn_app_under, under_both_protocols, wait_until, Deadline,
+    GroupProtocol, TestApp, TestEnv,
 };
 use uuid::Uuid;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transfers_reach_their_final_status_end_to_end() {
-    let (env, app) = spawn_app(|_| {}).await;
+async fn transfers_reach_their_final_status_end_to_end(protocol: GroupProtocol) {
+    let (env, app) = spawn_app_under(protocol, |_| {}).await;
     account(&app, "F-A", 100_000_000, "BRL").await;
     account(&app, "F-B", 0, "BRL").await;
     account(&app, "F-USD", 0, "USD").await;
@@ -75,9 +76,8 @@ async fn transfers_reach_their_final_status_end_to_end() {
 
 /// The outbox republishes a TransferRequested (a crash between ack and mark does this):
 /// one analysis id, one settlement.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_republished_request_is_analyzed_under_one_id_and_settled_once() {
-    let (env, app) = spawn_app(|_| {}).await;
+async fn a_republished_request_is_analyzed_under_one_id_and_settled_once(protocol: GroupProtocol) {
+    let (env, app) = spawn_app_under(protocol, |_| {}).await;
     account(&app, "D-A", 1_000_000, "BRL").await;
     account(&app, "D-B", 0, "BRL").await;
     let id = transfer(&app, "D-A", "D-B", 700).await;
@@ -122,9 +122,8 @@ async fn a_republished_request_is_analyzed_under_one_id_and_settled_once() {
 
 /// Errors injected into the Kafka transaction (the mock's request_errors): transactions
 /// abort and the batches are redone; every transfer still ends settled exactly once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn errors_mid_transaction_abort_and_redo_without_double_effects() {
-    let (env, app) = spawn_app(|c| {
+async fn errors_mid_transaction_abort_and_redo_without_double_effects(protocol: GroupProtocol) {
+    let (env, app) = spawn_app_under(protocol, |c| {
         c.antifraud.retry.initial = std::time::Duration::from_millis(50);
         c.antifraud.retry.max = std::time::Duration::from_millis(200);
     })
@@ -158,9 +157,8 @@ async fn errors_mid_transaction_abort_and_redo_without_double_effects() {
 /// re-creating the producer and producing the batch again instead would publish the batch
 /// twice, since the first commit does go through (the mock shows every produced record,
 /// so a second copy would be seen). Each decision is published once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_that_outlasts_its_call_is_committed_again_not_redone() {
-    let (env, app) = spawn_app(|c| {
+async fn a_commit_that_outlasts_its_call_is_committed_again_not_redone(protocol: GroupProtocol) {
+    let (env, app) = spawn_app_under(protocol, |c| {
         c.antifraud.call_timeout = std::time::Duration::from_millis(1_000);
         c.antifraud.retry.initial = std::time::Duration::from_millis(50);
         c.antifraud.retry.max = std::time::Duration::from_millis(200);
@@ -223,10 +221,9 @@ async fn a_commit_that_outlasts_its_call_is_committed_again_not_redone() {
 /// same decision). Broker 2 is the group coordinator here; broker 1 the transaction
 /// coordinator, so that only the offsets' path is cut. Seen failing without the
 /// workaround: the transfers posted while broker 2 was away stayed PENDING.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_group_coordinator_leaving_the_cluster_costs_a_producer_not_the_stage() {
+async fn a_group_coordinator_leaving_the_cluster_costs_a_producer_not_the_stage(protocol: GroupProtocol) {
     const TXN_ID: &str = "flow-wedge-txn";
-    let env = TestEnv::new().await;
+    let env = TestEnv::under(protocol).await;
     env.broker.set_coordinator("transaction", TXN_ID, 1).expect("transaction coordinator");
     env.broker.set_coordinator("group", "tally-antifraud", 2).expect("group coordinator");
     let app = env
@@ -289,9 +286,8 @@ const TOKEN: &str = "flow-token";
 /// An admin pause of antifraud lasts across rebalances: when a second instance leaves the
 /// group, the partitions that come back to the paused instance stay paused too, and
 /// nothing is decided until the pipeline is resumed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_antifraud_pause_lasts_across_a_rebalance() {
-    let env = TestEnv::new().await;
+async fn an_antifraud_pause_lasts_across_a_rebalance(protocol: GroupProtocol) {
+    let env = TestEnv::under(protocol).await;
     let a = env.spawn(|c| c.http.admin_token = Secret::new(TOKEN)).await;
     let pause = a.client.post(format!("{}/admin/pipelines/antifraud/pause", a.admin_url)).bearer_auth(TOKEN);
     assert_eq!(a.send(pause).await.status(), StatusCode::OK);
@@ -319,11 +315,10 @@ async fn an_antifraud_pause_lasts_across_a_rebalance() {
 }
 
 /// The projection is monotonic: a late or contradictory event never moves a final state.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn late_events_never_move_a_final_status() {
+async fn late_events_never_move_a_final_status(protocol: GroupProtocol) {
     use rdkafka::config::ClientConfig;
     use rdkafka::producer::{FutureProducer, FutureRecord};
-    let (env, app) = spawn_app(|_| {}).await;
+    let (env, app) = spawn_app_under(protocol, |_| {}).await;
     account(&app, "M-A", 1_000_000, "BRL").await;
     account(&app, "M-B", 0, "BRL").await;
     let id = transfer(&app, "M-A", "M-B", 500).await;
@@ -353,3 +348,13 @@ async fn late_events_never_move_a_final_status() {
     assert_eq!(after["status"], "SETTLED", "a final state does not move");
     assert_eq!(after["updatedAt"], settled["updatedAt"]);
 }
+
+under_both_protocols!(
+    transfers_reach_their_final_status_end_to_end,
+    a_republished_request_is_analyzed_under_one_id_and_settled_once,
+    errors_mid_transaction_abort_and_redo_without_double_effects,
+    a_commit_that_outlasts_its_call_is_committed_again_not_redone,
+    a_group_coordinator_leaving_the_cluster_costs_a_producer_not_the_stage,
+    an_antifraud_pause_lasts_across_a_rebalance,
+    late_events_never_move_a_final_status,
+);

@@ -5,12 +5,14 @@
 //! Broker: the embedded broker (librdkafka's mock cluster, in this process). It stores no
 //! offsets sent in a transaction, so the antifraud stage re-reads `transfers.requested`
 //! from the start after every restart: exactly the redelivery these tests are about.
+//! The antifraud ones run under both consumer group protocols.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use serde_json::json;
 use tally_integration_tests::{
     assert_error, assert_ledger_ok, balance_of, create_account, final_state, post_transfer, postings_of, produce,
-    producer, read_topic, spawn_app, wait_until, Deadline, KafkaRecord, TestDb, TestEnv,
+    producer, read_topic, spawn_app, spawn_app_under, under_both_protocols, wait_until, Deadline, GroupProtocol,
+    KafkaRecord, TestDb, TestEnv,
 };
 use uuid::Uuid;
 
@@ -53,10 +55,10 @@ async fn decisions_of(db: &TestDb, id: Uuid) -> i64 {
 /// A transfer blocked by velocity is delivered again after the window slid (scored now it
 /// would pass); a transfer that settled is delivered again after a burst (scored now it
 /// would be blocked). Both publish their first decision again, unchanged.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_antifraud_decision_stands_when_the_transfer_is_delivered_again() {
+async fn an_antifraud_decision_stands_when_the_transfer_is_delivered_again(protocol: GroupProtocol) {
     const WINDOW_SECS: u64 = 4;
-    let (env, app) = spawn_app(|c| c.antifraud.velocity_window = std::time::Duration::from_secs(WINDOW_SECS)).await;
+    let (env, app) =
+        spawn_app_under(protocol, |c| c.antifraud.velocity_window = std::time::Duration::from_secs(WINDOW_SECS)).await;
     create_account(&app, "V-A", 100_000_000, "BRL").await;
     create_account(&app, "V-B", 0, "BRL").await;
     create_account(&app, "V-C", 100_000_000, "BRL").await;
@@ -121,9 +123,8 @@ async fn an_antifraud_decision_stands_when_the_transfer_is_delivered_again() {
 /// The velocity window is rebuilt from stored decisions: a daemon restarted after a burst
 /// still counts the burst, although it publishes the burst's decisions without scoring
 /// them again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_velocity_window_survives_a_restart() {
-    let env = TestEnv::new().await;
+async fn the_velocity_window_survives_a_restart(protocol: GroupProtocol) {
+    let env = TestEnv::under(protocol).await;
     let configure =
         |c: &mut tally_engine::config::Config| c.antifraud.velocity_window = std::time::Duration::from_secs(120);
     let app = env.spawn(configure).await;
@@ -320,9 +321,8 @@ fn requested(id: Uuid, from: &str, to: &str, amount: i64, at: &str) -> Vec<u8> {
 /// for good (too large once the dlt-* headers are added) goes to the `dead_letters` table;
 /// one with a time PostgreSQL cannot store, and one that reuses a decided transfer's id to
 /// ask for another amount, go to the DLT. Transfers after them are decided as usual.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_requests_do_not_stop_antifraud() {
-    let (env, app) = spawn_app(|c| {
+async fn poison_requests_do_not_stop_antifraud(protocol: GroupProtocol) {
+    let (env, app) = spawn_app_under(protocol, |c| {
         c.antifraud.retry.initial = std::time::Duration::from_millis(50);
         c.antifraud.retry.max = std::time::Duration::from_millis(200);
     })
@@ -436,3 +436,9 @@ async fn a_topic_antifraud_may_not_write_costs_the_inputs_bound_for_it() {
         .expect("allow transfers.rejected");
     assert_ledger_ok(&app).await;
 }
+
+under_both_protocols!(
+    an_antifraud_decision_stands_when_the_transfer_is_delivered_again,
+    the_velocity_window_survives_a_restart,
+    poison_requests_do_not_stop_antifraud,
+);

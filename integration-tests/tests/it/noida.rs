@@ -15,6 +15,24 @@ use tally_integration_tests::{
 };
 use uuid::Uuid;
 
+/// noida-db does not speak the consumer group protocol (KIP-848): its ApiVersions lists
+/// no ConsumerGroupHeartbeat, as Kafka before 4.0. A daemon set to that protocol finds out
+/// at start and refuses to start, saying what to set, instead of starting stages whose
+/// consumers librdkafka gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_without_the_consumer_group_protocol_is_refused_at_start() {
+    let broker = NoidaBroker::start();
+    let db = TestDb::new().await;
+    let mut config = noida::config(&db, &broker);
+    // The classic protocol's assignment strategy (see `noida::config`) has no place here.
+    config.kafka.consumer.remove("partition.assignment.strategy");
+    config.kafka.group_protocol = tally_engine::config::GroupProtocol::Consumer;
+    config.validate().expect("the test configuration is valid");
+    let started = tokio::task::spawn_blocking(move || tally_engine::spawn(config, None)).await.expect("spawn task");
+    let error = format!("{:#}", started.err().expect("the daemon refuses to start"));
+    assert!(error.contains("refused it") && error.contains("kafka.group_protocol = \"classic\""), "{error}");
+}
+
 /// The tests that run daemons take turns: noida-db answers empty fetches at once, so every
 /// idle consumer spins, and two such tests at once starved the daemons' HTTP listeners on
 /// a 2-core machine.

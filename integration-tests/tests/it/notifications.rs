@@ -13,8 +13,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_integration_tests::{
-    json_body, metric_value, read_topic, spawn_app, wait_until, Deadline, ReceivedCall, TestApp, TestEnv,
-    WebhookReceiver,
+    json_body, metric_value, read_topic, spawn_app, spawn_app_under, under_both_protocols, wait_until, Deadline,
+    GroupProtocol, ReceivedCall, TestApp, TestEnv, WebhookReceiver,
 };
 use uuid::Uuid;
 
@@ -263,9 +263,8 @@ async fn ledger_status(app: &TestApp) -> Value {
     all["pipelines"].as_array().expect("pipelines").iter().find(|p| p["name"] == "ledger").expect("ledger").clone()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pause_stops_progress_and_lag_grows_then_resume_drains() {
-    let (env, app) = spawn_app(|c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
+async fn pause_stops_progress_and_lag_grows_then_resume_drains(protocol: GroupProtocol) {
+    let (env, app) = spawn_app_under(protocol, |c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
     env.db
         .batch("INSERT INTO accounts (id, balance_cents, currency) VALUES ('PZ-A', 100000, 'BRL'), ('PZ-B', 0, 'BRL')")
         .await;
@@ -616,3 +615,5 @@ async fn a_transfer_refused_again_by_the_ledger_is_notified_once() {
     assert_eq!(env.db.scalar_i64("SELECT count(*) FROM postings WHERE transfer_id = $1", &[&id]).await, 0);
     assert_eq!(notified(&receiver), 1, "notified once");
 }
+
+under_both_protocols!(pause_stops_progress_and_lag_grows_then_resume_drains,);
