@@ -58,6 +58,7 @@ pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Res
 /// # Errors
 /// As [`spawn`].
 pub fn spawn_with(config: Config, broker: Option<Arc<EmbeddedBroker>>, parts: Parts) -> anyhow::Result<DaemonHandle> {
+    let listeners = crate::http::Listeners::bind(&config.http)?;
     let expected = migrate::embedded_versions()?;
     migrate::prepare_blocking(config.database.url.expose())?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -69,7 +70,7 @@ pub fn spawn_with(config: Config, broker: Option<Arc<EmbeddedBroker>>, parts: Pa
             let endpoint = system.block_on(async move {
                 let started = async {
                     let kafka = KafkaEndpoint::prepare(&config, broker).await?;
-                    start_with(config, kafka, expected, parts).await
+                    start_with(config, listeners, kafka, expected, parts).await
                 }
                 .await;
                 match started {

@@ -30,6 +30,7 @@ use tally_actors::consume::Pipeline;
 
 /// Where the daemon's Kafka clients connect.
 mod handle;
+mod initial;
 mod pools;
 
 pub use handle::{spawn, spawn_with, DaemonHandle};
@@ -113,8 +114,13 @@ impl std::fmt::Debug for Parts {
 ///
 /// # Errors
 /// When a client cannot be created or a listener cannot be bound.
-pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Vec<String>) -> anyhow::Result<Daemon> {
-    start_with(config, kafka, expected_migrations, Parts::default()).await
+pub async fn start(
+    config: Config,
+    listeners: http::Listeners,
+    kafka: KafkaEndpoint,
+    expected_migrations: Vec<String>,
+) -> anyhow::Result<Daemon> {
+    start_with(config, listeners, kafka, expected_migrations, Parts::default()).await
 }
 
 /// [`start`] with replacement [`Parts`]. Over 80 lines because it is the start order,
@@ -125,6 +131,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
 /// As [`start`].
 pub async fn start_with(
     config: Config,
+    listeners: http::Listeners,
     kafka: KafkaEndpoint,
     expected_migrations: Vec<String>,
     parts: Parts,
@@ -187,19 +194,6 @@ pub async fn start_with(
             config.outbox.batch_size,
             Backoff::doubling(config.outbox.parked_retry_initial, config.outbox.parked_retry_max),
         );
-        // At 0 from the start, for every topic the outbox writes: an alert on their
-        // increase then sees the first refusal too.
-        let topics = &config.kafka.topics;
-        for topic in [
-            &topics.transfers_requested,
-            &topics.transfers_settled,
-            &topics.transfers_rejected,
-            &topics.orders_received,
-        ] {
-            for refusal in outbox::Refusal::ALL {
-                metrics.outbox_refused_total.with_label_values(&[topic, refusal.code()]).inc_by(0);
-            }
-        }
         let settings = PublisherSettings {
             poll_interval: config.outbox.poll_interval,
             retention: config.outbox.retention,
@@ -223,10 +217,7 @@ pub async fn start_with(
         sources: config.kafka.topics.sources().into_iter().map(str::to_owned).collect(),
     };
     let dlt_probe = Arc::new(dlt_scope.reader().context("cannot create the DLT watermark consumer")?);
-    // At 0 from the start: an alert on their increase then sees the first dead letter too.
-    for (dlt, _) in dlt_scope.dlt_topics() {
-        metrics.dlt_records_total.with_label_values(&[&dlt]).inc_by(0);
-    }
+    initial::publish(&config, &metrics, dlt_scope.dlt_topics().into_iter().map(|(dlt, _)| dlt));
     let (state_dropped_tx, state_dropped) = std::sync::mpsc::channel();
     let intake = GroupCommit::start(
         "intake",
@@ -257,10 +248,11 @@ pub async fn start_with(
         dlt_probe,
         dropped: state_dropped_tx,
     });
-    let intake = http::intake_server(state.clone(), &config.http)
-        .with_context(|| format!("cannot bind the intake listener on {}", config.http.intake_addr))?;
-    let admin = http::admin_server(state, &config.http)
-        .with_context(|| format!("cannot bind the admin listener on {}", config.http.admin_addr))?;
+    let (intake, admin) = listeners.into_parts();
+    let intake = http::intake_server(state.clone(), &config.http, intake)
+        .with_context(|| format!("cannot serve the intake listener on {}", config.http.intake_addr))?;
+    let admin = http::admin_server(state, &config.http, admin)
+        .with_context(|| format!("cannot serve the admin listener on {}", config.http.admin_addr))?;
     info!(intake = %intake.addr, admin = %admin.addr, "HTTP listeners started.");
     let daemon = Daemon {
         intake_addr: intake.addr,
