@@ -115,7 +115,8 @@ metrics! {
     pipeline_degraded: IntGaugeVec = "1 while a pipeline waits for an unavailable dependency (database or broker down) with its \
                      partitions paused, 0 otherwise.", labels ["pipeline"];
     dependency_waits_total: IntCounterVec = "Handler attempts that found a dependency unavailable; they cost no record any retry, by pipeline.", labels ["pipeline"];
-    consumer_lag: IntGaugeVec = "Records between the committed offset and the end of the partition.", labels ["pipeline", "partition"];
+    consumer_lag: IntGaugeVec = "Records between the committed offset and the end of the partition (0 from its assignment until \
+                     librdkafka's first statistics of it).", labels ["pipeline", "partition"];
     inflight: IntGaugeVec = "Records received and not yet below the committed watermark, per partition.", labels ["pipeline", "partition"];
     live_actors: IntGaugeVec = "Live keyed worker actors (e.g. account ledgers), by pipeline.", labels ["pipeline"];
     oldest_inflight_age_seconds: GaugeVec = "Age of the oldest unfinished record, by pipeline (a key stuck in retry shows here).", labels ["pipeline"];
@@ -138,7 +139,7 @@ metrics! {
     notification_deliveries_total: IntCounterVec = "Webhook deliveries, by outcome (delivered, failed, already_delivered, dead_lettered).", labels ["outcome"];
     retry_records_total: IntCounterVec = "Records written to a retry topic, by topic and the attempt they carry.", labels ["topic", "attempt"];
     ledger_check_success_timestamp_seconds: Gauge = "Unix time of the last periodic ledger check that ran (whatever it found).";
-    ledger_invariant_ok: IntGaugeVec = "1 when the ledger invariant held at the last check, 0 otherwise.", labels ["invariant"];
+    ledger_invariant_ok: IntGaugeVec = "1 when the ledger invariant held at the last check, 0 when it did not, -1 before the first check since the start.", labels ["invariant"];
     db_pool_connections: IntGaugeVec = "Open connections of a stage's database pool, by pool and state (in_use, idle), refreshed by GET /metrics.", labels ["pool", "state"];
     db_pool_max_connections: IntGaugeVec = "The most connections a stage's database pool opens (its size in database.pools).", labels ["pool"];
     db_pool_waiting: IntGaugeVec = "Tasks waiting for a connection of a stage's database pool, refreshed by GET /metrics.", labels ["pool"];

@@ -27,21 +27,56 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::supervise::HandlerError;
 
-/// The span of one hop (`$name`, a literal) for a record of topic `$topic`, with the fields
-/// every hop has: `trace_id` (set by [`join`]), `transfer.id` and `outcome` (recorded once
-/// known) and `messaging.destination.name`.
+/// The span of one hop (`$name`, a literal) that consumes `$record` (a
+/// [`Record`](crate::consume::Record)), with the fields every consuming hop has: the
+/// OpenTelemetry span kind CONSUMER and, once known, its status (`otel.status_code`,
+/// `otel.status_description`, `error.type`: see [`failed`]); `trace_id` (set by [`join`]),
+/// `transfer.id` and `outcome` (recorded once known); and the semantic-convention
+/// attributes of the record (`messaging.*`) and of the database the hop writes to
+/// (`db.system`). More fields may follow the record.
 macro_rules! hop_span {
-    ($name:literal, $topic:expr) => {
+    ($name:literal, $record:expr $(, $($extra:tt)+)?) => {{
+        let record: &$crate::consume::Record = $record;
         tracing::info_span!(
             $name,
+            otel.kind = "consumer",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            error.type = tracing::field::Empty,
             trace_id = tracing::field::Empty,
             transfer.id = tracing::field::Empty,
-            messaging.destination.name = $topic,
             outcome = tracing::field::Empty,
+            messaging.system = "kafka",
+            messaging.operation.type = "process",
+            messaging.destination.name = record.topic.as_str(),
+            messaging.kafka.destination.partition = i64::from(record.partition),
+            messaging.kafka.offset = record.offset,
+            messaging.kafka.message.key = record.routing_key(),
+            db.system = "postgresql",
+            $($($extra)+)?
         )
-    };
+    }};
 }
 pub(crate) use hop_span;
+
+/// Marks `span` as failed for OpenTelemetry: status ERROR with `message`, and the error's
+/// class (`poison`, `transient`, `unavailable`, `dead_lettered`, an HTTP status...) as
+/// `error.type`. Only spans that declare those fields (hop spans) take them.
+pub fn failed(span: &Span, class: &str, message: &str) {
+    span.record("otel.status_code", "error");
+    span.record("error.type", class);
+    span.record("otel.status_description", message);
+}
+
+/// The span of a poison record that reaches no handler (malformed as it came, or it
+/// crashed its stage twice) in `pipeline`: a CONSUMER span named `record.poison`, in the
+/// record's trace when it carries one, ending at once with status ERROR and `reason`.
+pub fn poison(pipeline: &str, record: &crate::consume::Record, reason: &str) {
+    let span = hop_span!("record.poison", record, tally.pipeline = pipeline);
+    join(&span, record.traceparent());
+    failed(&span, "poison", reason);
+    span.record("outcome", "dead_lettered");
+}
 
 static EXPORTING: AtomicBool = AtomicBool::new(false);
 
@@ -144,8 +179,12 @@ fn record_trace_id(span: &Span, traceparent: &str) {
     }
 }
 
+/// The outcome of a record its handler dead-lettered itself (a webhook's last attempt).
+const DEAD_LETTERED: &str = "dead_lettered";
+
 /// Runs a record handler's future inside its hop `span` and records the outcome there:
-/// the handler's outcome label, or the error's class.
+/// the handler's outcome label, or the error's class; an error or a dead letter marks the
+/// span failed ([`failed`]).
 pub fn handled(
     span: Span,
     work: impl Future<Output = Result<&'static str, HandlerError>> + Send + 'static,
@@ -154,6 +193,11 @@ pub fn handled(
     async move {
         let result = work.instrument(span).await;
         outer.record("outcome", result.as_ref().map_or_else(|e| e.class.code(), |o| *o));
+        match &result {
+            Err(e) => failed(&outer, e.class.code(), &e.message),
+            Ok(DEAD_LETTERED) => failed(&outer, DEAD_LETTERED, "dead-lettered after its last attempt"),
+            Ok(_) => {}
+        }
         result
     }
     .boxed()

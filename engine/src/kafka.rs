@@ -150,6 +150,38 @@ async fn partition_counts(kafka: &KafkaConfig, bootstrap: &str) -> anyhow::Resul
     .context("the topic lookup task failed")?
 }
 
+/// `tally topics list`: every topic of `specs` with the partitions it is created with and
+/// the partitions it has on the cluster at `bootstrap` (`missing` when it does not exist),
+/// one line each under a header; then the topics of the cluster tally does not use, by name.
+///
+/// # Errors
+/// When the cluster cannot be reached.
+pub async fn list_topics(kafka: &KafkaConfig, specs: &[TopicSpec], bootstrap: &str) -> anyhow::Result<String> {
+    let existing = partition_counts(kafka, bootstrap).await?;
+    let width = specs.iter().map(|s| s.name.len()).max().unwrap_or(5).max(5);
+    let mut out = format!("{:<width$}  {:>10}  {:>10}  {}\n", "TOPIC", "PARTITIONS", "ON CLUSTER", "ROLE");
+    for spec in specs {
+        let role = if spec.dlt_of.is_some() {
+            "dead letters"
+        } else if kafka.topics.sources().contains(&spec.name.as_str()) {
+            "source"
+        } else {
+            "notification retries"
+        };
+        let found = existing.get(&spec.name).map_or_else(|| "missing".to_owned(), ToString::to_string);
+        out.push_str(&format!("{:<width$}  {:>10}  {found:>10}  {role}\n", spec.name, spec.partitions));
+    }
+    let others: Vec<&str> = existing
+        .keys()
+        .map(String::as_str)
+        .filter(|t| !t.starts_with("__") && !specs.iter().any(|s| s.name == *t))
+        .collect();
+    if !others.is_empty() {
+        out.push_str(&format!("Other topics on the cluster: {}\n", others.join(", ")));
+    }
+    Ok(out)
+}
+
 /// Looks the topics of `specs` up and, when `create` is set, creates the missing ones (on
 /// the embedded broker through its own API, elsewhere through the Admin API, bounded by
 /// `kafka.admin_timeout_ms`). With `create` unset, missing topics are logged.

@@ -82,6 +82,9 @@ enum Command {
 enum TopicsCommand {
     /// Create every topic and its -dlt twin through the Admin API; existing ones are kept.
     Create,
+    /// List every topic tally uses: the partitions it is created with, the partitions it has
+    /// on the cluster (or `missing`) and its role; then the cluster's other topics.
+    List,
 }
 
 fn main() -> ExitCode {
@@ -126,6 +129,7 @@ fn main() -> ExitCode {
         Command::Run => run(config),
         Command::Migrate => migrate(&config),
         Command::Topics { action: TopicsCommand::Create } => topics_create(&config),
+        Command::Topics { action: TopicsCommand::List } => topics_list(&config),
         Command::Broker { listen } => run_broker(&config, listen),
         Command::Config { .. } | Command::Status { .. } | Command::Man | Command::Bench { .. } => Ok(()),
     };
@@ -139,8 +143,8 @@ fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // Once: the log goes to stderr too.
             error!("{e:#}");
-            eprintln!("tally: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -199,6 +203,8 @@ fn status(admin: &str) -> ExitCode {
 
 fn run(config: Config) -> anyhow::Result<()> {
     info!(version = env!("CARGO_PKG_VERSION"), "Starting tally.");
+    // First: a taken port fails the start before the database, the broker or a pipeline.
+    let listeners = tally_engine::http::Listeners::bind(&config.http)?;
     if let Some(fault) = tally_actors::faults::active() {
         tracing::warn!(
             fault = fault.name(),
@@ -206,12 +212,12 @@ fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     let expected = migrate::embedded_versions()?;
-    migrate::prepare_blocking(config.database.url.expose())
-        .with_context(|| format!("cannot prepare the database at {}", migrate::redact(config.database.url.expose())))?;
+    // Its errors name the database's redacted URL, port included.
+    migrate::prepare_blocking(config.database.url.expose())?;
     let system = actix::System::new();
     let stopped = system.block_on(async move {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
-        let daemon = app::start(config, kafka, expected).await?;
+        let daemon = app::start(config, listeners, kafka, expected).await?;
         info!(intake = %daemon.intake_addr, admin = %daemon.admin_addr, "tally is running; stop with Ctrl-C or SIGTERM.");
         // Type=notify: READY=1 once /readyz says ready.
         let readiness = tokio::spawn(sd_notify::ready_when_ready(daemon.admin_addr));
@@ -261,6 +267,19 @@ fn topics_create(config: &Config) -> anyhow::Result<()> {
         true,
     ))?;
     println!("Topics ready: {}", config.topics_to_create().join(", "));
+    Ok(())
+}
+
+fn topics_list(config: &Config) -> anyhow::Result<()> {
+    if config.kafka.is_embedded() {
+        anyhow::bail!(
+            "kafka.brokers is \"embedded\": the embedded broker lives inside a running daemon. Set kafka.brokers \
+             (or TALLY__KAFKA__BROKERS) to a cluster's bootstrap list."
+        );
+    }
+    let listing =
+        runtime()?.block_on(kafka::list_topics(&config.kafka, &kafka::topic_specs(config), &config.kafka.brokers))?;
+    print!("{listing}");
     Ok(())
 }
 

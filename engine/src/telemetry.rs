@@ -59,7 +59,12 @@ pub fn init(config: &Config) -> anyhow::Result<TraceExport> {
             .with_span_list(false)
             .with_writer(std::io::stderr)
             .boxed(),
-        LogFormat::Pretty => fmt::layer().compact().with_writer(std::io::stderr).boxed(),
+        // Colours only for a terminal: not in a file, a pipe or the journal.
+        LogFormat::Pretty => fmt::layer()
+            .compact()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .boxed(),
     };
     let provider = match config.telemetry.traces_url() {
         Some(url) => Some(tracer_provider(&config.telemetry, &config.instance.id, &url)?),

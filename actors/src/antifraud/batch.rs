@@ -15,7 +15,8 @@ use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use tally_schema::events::TransferRequested;
-use tracing::warn;
+use tally_schema::headers;
+use tracing::{error, warn};
 use uuid::Uuid;
 
 use super::decisions::{self, Decision};
@@ -115,7 +116,7 @@ pub(super) fn outputs(
                     None => output::poison(&record, spec, "no decision could be made".into()),
                 },
             };
-            hops.decided(&record, decoded.ok().map(|t| t.transfer_id), output.outcome);
+            hops.decided(&record, decoded.ok().map(|t| t.transfer_id), output.outcome, output.dead_letter.as_deref());
             Item { record, output, stored: false }
         })
         .collect()
@@ -380,6 +381,10 @@ fn record_committed(metrics: &Metrics, items: &[Item]) {
         if o.outcome == "dead_lettered" {
             let place = if item.stored { DEAD_LETTERS_TABLE } else { o.topic.as_str() };
             metrics.dlt_records_total.with_label_values(&[place]).inc();
+            let r = &item.record;
+            // As the other stages' dead letters are logged (`DeadLetters::publish`).
+            error!(topic = %r.topic, partition = r.partition, offset = r.offset, kind = headers::dlt_kind::POISON,
+                   attempts = 1, reason = o.dead_letter.as_deref().unwrap_or(""), stored_in = place, "Record dead-lettered.");
         }
     }
 }

@@ -113,12 +113,10 @@ impl Antifraud {
     pub fn start(spec: AntifraudSpec, risk: Box<dyn RiskEngine>, metrics: Metrics) -> KafkaResult<Self> {
         // At 0 from the start: what this stage moves (it has no degraded state: a hold
         // retries under its own policy, counted in retries).
-        metrics.pipeline_paused.with_label_values(&[PIPELINE]).set(0);
-        metrics.retries_total.with_label_values(&[PIPELINE]).inc_by(0);
+        crate::consume::publish_initial(&metrics, PIPELINE);
         for outcome in ["committed", "failed", "aborted", "retried", "producer_renewed", "producer_wedged"] {
             metrics.kafka_transactions_total.with_label_values(&[outcome]).inc_by(0);
         }
-        metrics.stage_restarts_total.with_label_values(&[PIPELINE]).inc_by(0);
         let status = Arc::new(Mutex::new(PipelineStatus {
             name: PIPELINE.into(),
             group: spec.group_id.clone(),

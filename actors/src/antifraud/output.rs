@@ -135,7 +135,7 @@ impl Hops {
         let mut hops = HashMap::new();
         for record in batch {
             let Some(parent) = record.traceparent() else { continue };
-            let span = trace::hop_span!("antifraud.decide", record.topic.as_str());
+            let span = trace::hop_span!("antifraud.decide", record);
             if span.is_disabled() {
                 continue;
             }
@@ -154,13 +154,28 @@ impl Hops {
             .or_else(|| record.traceparent())
     }
 
-    /// Records what the stage writes for `record` on its hop span.
-    pub(super) fn decided(&self, record: &Record, transfer_id: Option<Uuid>, outcome: &'static str) {
-        if let Some(hop) = self.0.get(&(record.partition, record.offset)) {
-            if let Some(id) = transfer_id {
-                hop.span.record("transfer.id", display(id));
+    /// Records what the stage writes for `record` on its hop span: a poison record's
+    /// (`dead_letter` says why) fails its hop, or, when it has none, gets a span of its own
+    /// ([`trace::poison`]).
+    pub(super) fn decided(
+        &self,
+        record: &Record,
+        transfer_id: Option<Uuid>,
+        outcome: &'static str,
+        dead_letter: Option<&str>,
+    ) {
+        let Some(hop) = self.0.get(&(record.partition, record.offset)) else {
+            if let Some(reason) = dead_letter {
+                trace::poison(super::PIPELINE, record, reason);
             }
-            hop.span.record("outcome", outcome);
+            return;
+        };
+        if let Some(id) = transfer_id {
+            hop.span.record("transfer.id", display(id));
+        }
+        hop.span.record("outcome", outcome);
+        if let Some(reason) = dead_letter {
+            trace::failed(&hop.span, "poison", reason);
         }
     }
 }

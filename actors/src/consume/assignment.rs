@@ -103,6 +103,11 @@ impl DriverState {
             let addr = PartitionConsumer::start_in_arbiter(&self.arbiter, move |_| {
                 PartitionConsumer::new(topic, partition, rx, max, state, registry, held)
             });
+            // Until the partition's first statistics (librdkafka's interval): the series
+            // exists from the assignment on.
+            let label = partition.to_string();
+            self.metrics.consumer_lag.with_label_values(&[&self.spec.name, &label]).set(0);
+            self.metrics.inflight.with_label_values(&[&self.spec.name, &label]).set(0);
             let stash = VecDeque::new();
             slots.insert(tp, Slot { addr, tx, shared, stored: -1, stash, lease, first_taken: None });
         }

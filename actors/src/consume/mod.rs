@@ -158,4 +158,12 @@ pub(crate) fn publish_initial(metrics: &Metrics, pipeline: &str) {
     metrics.retries_total.with_label_values(&[pipeline]).inc_by(0);
     metrics.dependency_waits_total.with_label_values(&[pipeline]).inc_by(0);
     metrics.stage_restarts_total.with_label_values(&[pipeline]).inc_by(0);
+    metrics.records_total.with_label_values(&[pipeline, "dead_lettered"]).inc_by(0);
+    metrics.handler_seconds.with_label_values(&[pipeline]);
+    metrics.live_actors.with_label_values(&[pipeline]).set(0);
+    metrics.oldest_inflight_age_seconds.with_label_values(&[pipeline]).set(0.0);
+    for event in ["assigned", "revoked"] {
+        metrics.rebalances_total.with_label_values(&[pipeline, event]).inc_by(0);
+        metrics.rebalance_partitions_total.with_label_values(&[pipeline, event]).inc_by(0);
+    }
 }

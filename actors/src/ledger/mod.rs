@@ -83,7 +83,7 @@ impl RecordHandler for LedgerHandler {
     /// and the batch's transaction; the span's traceparent goes on the outcome event.
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
         let batcher = self.batcher.clone();
-        let span = trace::hop_span!("ledger.settle", record.topic.as_str());
+        let span = trace::hop_span!("ledger.settle", &record);
         let traceparent = trace::join(&span, valid_traceparent(&record).as_deref());
         let request = decode_transfer(&record).map(|transfer| SettleRequest { transfer, traceparent });
         if let Ok(r) = &request {

@@ -30,7 +30,7 @@ use serde::Deserialize;
 use sha2::Sha256;
 use tally_schema::{headers, topics};
 use tracing::field::display;
-use tracing::{info, warn};
+use tracing::{debug, warn};
 use uuid::Uuid;
 
 use crate::backoff::Backoff;
@@ -114,6 +114,9 @@ impl Notifier {
     }
 }
 
+/// Every outcome `tally_notification_deliveries_total` counts.
+pub const OUTCOMES: [&str; 4] = ["delivered", "failed", "already_delivered", "dead_lettered"];
+
 impl RecordHandler for Notifier {
     /// Delivers (or schedules a retry, or dead-letters) inside the record's
     /// `notify.deliver` span; each attempt has its own.
@@ -121,7 +124,7 @@ impl RecordHandler for Notifier {
         let (writes, http, producer) = (self.writes.clone(), self.http.clone(), self.producer.clone());
         let (settings, metrics) = (self.settings.clone(), self.metrics.clone());
         let dead_letters = self.dead_letters.clone();
-        let span = trace::hop_span!("notify.deliver", record.topic.as_str());
+        let span = trace::hop_span!("notify.deliver", &record);
         trace::join(&span, record.traceparent());
         let hop = span.clone();
         trace::handled(span, async move {
@@ -154,7 +157,7 @@ impl RecordHandler for Notifier {
                     };
                     writes.delivered.submit(delivery).await?;
                     metrics.notification_deliveries_total.with_label_values(&["delivered"]).inc();
-                    info!(event_id = %ids.event_id, attempt, "Notification delivered.");
+                    debug!(event_id = %ids.event_id, attempt, "Notification delivered.");
                     return Ok("delivered");
                 }
                 Err(failure) => failure,

@@ -223,6 +223,7 @@ impl OutboxRelay {
                 Err((source, _)) => {
                     if let Some(span) = &span {
                         span.record("outcome", "enqueue_failed");
+                        trace::failed(span, "enqueue_failed", &source.to_string());
                     }
                     let Some(refusal) = Refusal::of(&source) else {
                         return Err(OutboxError::Enqueue { event_id: row.id, source });
@@ -238,30 +239,37 @@ impl OutboxRelay {
         let now = Utc::now();
         let mut failure = None;
         for ((index, event_id, created_at, span), report) in waiting.into_iter().zip(reports) {
-            let outcome = |label: &'static str| {
+            let outcome = |label: &'static str, error: Option<&dyn std::fmt::Display>| {
                 if let Some(span) = &span {
                     span.record("outcome", label);
+                    if let Some(e) = error {
+                        trace::failed(span, label, &e.to_string());
+                    }
                 }
             };
             match report {
-                Ok(Ok(_)) => {
-                    outcome("published");
+                Ok(Ok(delivery)) => {
+                    outcome("published", None);
+                    if let Some(span) = &span {
+                        span.record("messaging.kafka.destination.partition", i64::from(delivery.partition));
+                        span.record("messaging.kafka.offset", delivery.offset);
+                    }
                     let age = (now - created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
                     self.metrics.outbox_commit_to_ack_seconds.observe(age.max(0.0));
                     outcomes[index] = Outcome::Published;
                 }
                 Ok(Err((source, _))) => match Refusal::of(&source) {
                     Some(refusal) => {
-                        outcome("refused");
+                        outcome("refused", Some(&source));
                         outcomes[index] = Outcome::Refused { refusal, error: source.to_string() };
                     }
                     None => {
-                        outcome("delivery_failed");
+                        outcome("delivery_failed", Some(&source));
                         failure.get_or_insert(OutboxError::Delivery { event_id, source });
                     }
                 },
-                Err(_) => {
-                    outcome("canceled");
+                Err(e) => {
+                    outcome("canceled", Some(&e));
                     failure.get_or_insert(OutboxError::Canceled(event_id));
                 }
             }
@@ -289,15 +297,26 @@ impl OutboxRelay {
     }
 }
 
-/// The `outbox.publish` hop span of `row`, from enqueueing its record to the broker's
-/// acknowledgement, with the transfer id of a transfer event (read from the payload only
+/// The `outbox.publish` hop span of `row` (kind PRODUCER; the partition and offset are
+/// recorded on the broker's acknowledgement, a failure marks it failed), from enqueueing
+/// its record to the broker's acknowledgement, with the transfer id of a transfer event (read from the payload only
 /// when traces are exported: a span enabled for logs alone does not pay for the parse).
 fn publish_span(row: &PendingOutboxEvent) -> tracing::Span {
     let span = tracing::info_span!(
         "outbox.publish",
+        otel.kind = "producer",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        error.type = Empty,
         trace_id = Empty,
         transfer.id = Empty,
+        messaging.system = "kafka",
+        messaging.operation.type = "send",
         messaging.destination.name = row.topic.as_str(),
+        messaging.kafka.destination.partition = Empty,
+        messaging.kafka.offset = Empty,
+        messaging.kafka.message.key = row.key.as_str(),
+        db.system = "postgresql",
         event.type = row.event_type.as_str(),
         outcome = Empty,
     );

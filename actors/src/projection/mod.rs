@@ -108,7 +108,7 @@ impl RecordHandler for StatusProjector {
     /// Applies the change inside the record's `projection.apply` span.
     fn handle(&self, record: Arc<Record>) -> BoxFuture<'static, Result<&'static str, HandlerError>> {
         let writes = self.writes.clone();
-        let span = trace::hop_span!("projection.apply", record.topic.as_str());
+        let span = trace::hop_span!("projection.apply", &record);
         trace::join(&span, record.traceparent());
         let decoded = decode(&record, &self.settled_topic);
         if let Ok(change) = &decoded {

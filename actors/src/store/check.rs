@@ -131,33 +131,33 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
                 .await?;
                 let invariants = vec![
                     InvariantResult {
-                        name: "money_conserved",
+                        name: INVARIANTS[0],
                         ok: totals.balance.parse::<i128>().ok() == totals.opening.parse::<i128>().ok()
                             && totals.balance.parse::<i128>().is_ok(),
                         detail: serde_json::json!({ "totalBalanceCents": totals.balance, "totalOpeningCents": totals.opening }),
                     },
                     InvariantResult {
-                        name: "balances_match_postings",
+                        name: INVARIANTS[1],
                         ok: unbalanced_accounts == 0,
                         detail: serde_json::json!({ "violations": unbalanced_accounts }),
                     },
                     InvariantResult {
-                        name: "settled_have_one_debit_and_one_credit",
+                        name: INVARIANTS[2],
                         ok: bad_settled == 0,
                         detail: serde_json::json!({ "violations": bad_settled }),
                     },
                     InvariantResult {
-                        name: "only_settled_have_postings",
+                        name: INVARIANTS[3],
                         ok: postings_without_settlement == 0,
                         detail: serde_json::json!({ "violations": postings_without_settlement }),
                     },
                     InvariantResult {
-                        name: "no_unfinished_settlements",
+                        name: INVARIANTS[4],
                         ok: unfinished == 0,
                         detail: serde_json::json!({ "violations": unfinished }),
                     },
                     InvariantResult {
-                        name: "status_agrees_with_postings",
+                        name: INVARIANTS[5],
                         ok: status.settled_without_two == 0 && status.rejected_with_postings == 0,
                         detail: serde_json::json!({
                             "settledWithoutTheirTwoPostings": status.settled_without_two,
@@ -167,7 +167,7 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
                         }),
                     },
                     InvariantResult {
-                        name: "blocked_transfers_have_no_postings",
+                        name: INVARIANTS[6],
                         ok: blocked_with_postings == 0,
                         detail: serde_json::json!({ "violations": blocked_with_postings }),
                     },
@@ -178,6 +178,17 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
         })
         .await
 }
+
+/// The name of every invariant a check measures, as `tally_ledger_invariant_ok` labels it.
+pub const INVARIANTS: [&str; 7] = [
+    "money_conserved",
+    "balances_match_postings",
+    "settled_have_one_debit_and_one_credit",
+    "only_settled_have_postings",
+    "no_unfinished_settlements",
+    "status_agrees_with_postings",
+    "blocked_transfers_have_no_postings",
+];
 
 /// Publishes a check as `tally_ledger_invariant_ok{invariant}` gauges.
 pub fn publish(check: &LedgerCheck, metrics: &Metrics) {

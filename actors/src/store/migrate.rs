@@ -84,6 +84,8 @@ fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
     use diesel::connection::{Connection, SimpleConnection};
     let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::establish(url)
         .with_context(|| format!("cannot connect to {}", redact(url)))?;
+    // The harness creates its table IF NOT EXISTS on every start: no NOTICE about it.
+    conn.batch_execute("SET client_min_messages TO warning").context("cannot set client_min_messages")?;
     conn.batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
         .context("cannot take the migration lock")?;
     let applied = refuse_unknown(&mut conn, url).and_then(|()| {
@@ -126,18 +128,17 @@ fn refuse_unknown(conn: &mut AsyncConnectionWrapper<AsyncPgConnection>, url: &st
 #[must_use]
 pub fn redact(url: &str) -> String {
     match url.parse::<tokio_postgres::Config>() {
-        Ok(c) => format!(
-            "postgres://{}@{}/{}",
-            c.get_user().unwrap_or(""),
-            c.get_hosts()
-                .first()
-                .map(|h| match h {
-                    tokio_postgres::config::Host::Tcp(s) => s.clone(),
-                    tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-                })
-                .unwrap_or_default(),
-            c.get_dbname().unwrap_or("")
-        ),
+        Ok(c) => {
+            // PostgreSQL's own default when the URL names no port.
+            let port = c.get_ports().first().copied().unwrap_or(5432);
+            let host = match c.get_hosts().first() {
+                Some(tokio_postgres::config::Host::Tcp(s)) if s.contains(':') => format!("[{s}]:{port}"),
+                Some(tokio_postgres::config::Host::Tcp(s)) => format!("{s}:{port}"),
+                Some(tokio_postgres::config::Host::Unix(p)) => format!("{}:{port}", p.display()),
+                None => format!("localhost:{port}"),
+            };
+            format!("postgres://{}@{host}/{}", c.get_user().unwrap_or(""), c.get_dbname().unwrap_or(""))
+        }
         Err(_) => "<invalid url>".into(),
     }
 }
@@ -160,4 +161,17 @@ pub async fn applied_versions(conn: &mut AsyncPgConnection) -> Result<Vec<String
         .into_iter()
         .map(|r| r.version)
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacted_urls_keep_host_port_and_database_but_no_password() {
+        assert_eq!(redact("postgres://app:s3cret@db.example:6543/tally"), "postgres://app@db.example:6543/tally");
+        assert_eq!(redact("postgres://app:s3cret@db.example/tally"), "postgres://app@db.example:5432/tally");
+        assert_eq!(redact("postgres://app@[::1]:5433/tally"), "postgres://app@[::1]:5433/tally");
+        assert_eq!(redact("not a url at all"), "<invalid url>");
+    }
 }

@@ -146,6 +146,7 @@ impl Supervision {
                 return Err(Stopping);
             }
             self.dead_letters.publish(record, ErrorClass::Poison.dlt_kind(), defect, 0).await?;
+            crate::trace::poison(&self.pipeline, record, defect);
             return Ok(Completion::DeadLettered);
         }
         // Attempts charged to the record (those that found the dependency down are not).
@@ -167,6 +168,7 @@ impl Supervision {
                     if panics >= restart::CRASHES_BEFORE_POISON {
                         let message = format!("crashed: the handler panicked {panics} times (last: {cause})");
                         self.dead_letters.publish(record, ErrorClass::Poison.dlt_kind(), &message, attempt).await?;
+                        crate::trace::poison(&self.pipeline, record, &message);
                         return Ok(Completion::DeadLettered);
                     }
                     (Err(HandlerError::transient(format!("handler panicked (a bug): {cause}"))), true)

@@ -50,6 +50,7 @@ impl Drop for DaemonHandle {
 /// # Errors
 /// When the database cannot be prepared or the daemon cannot start.
 pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Result<DaemonHandle> {
+    let listeners = crate::http::Listeners::bind(&config.http)?;
     let expected = migrate::embedded_versions()?;
     migrate::prepare_blocking(config.database.url.expose())?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -61,7 +62,7 @@ pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Res
             let endpoint = system.block_on(async move {
                 let started = async {
                     let kafka = KafkaEndpoint::prepare(&config, broker).await?;
-                    start(config, kafka, expected).await
+                    start(config, listeners, kafka, expected).await
                 }
                 .await;
                 match started {

@@ -29,6 +29,7 @@ use tally_actors::consume::Pipeline;
 
 /// Where the daemon's Kafka clients connect.
 mod handle;
+mod initial;
 mod pools;
 
 pub use handle::{spawn, DaemonHandle};
@@ -98,7 +99,15 @@ pub struct Daemon {
 ///
 /// # Errors
 /// When a client cannot be created or a listener cannot be bound.
-pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Vec<String>) -> anyhow::Result<Daemon> {
+/// Over 80 lines because it is the start order, read top to bottom: pools and producers,
+/// antifraud before every consumer (its fencing must precede their reads), the
+/// pipelines, the outbox publisher, then the listeners.
+pub async fn start(
+    config: Config,
+    listeners: http::Listeners,
+    kafka: KafkaEndpoint,
+    expected_migrations: Vec<String>,
+) -> anyhow::Result<Daemon> {
     let metrics = Metrics::new().context("cannot register metrics")?;
     let pools = Pools::build(&config)?;
     let running_pools = pools::in_use(&config);
@@ -156,19 +165,6 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
             config.outbox.batch_size,
             Backoff::doubling(config.outbox.parked_retry_initial, config.outbox.parked_retry_max),
         );
-        // At 0 from the start, for every topic the outbox writes: an alert on their
-        // increase then sees the first refusal too.
-        let topics = &config.kafka.topics;
-        for topic in [
-            &topics.transfers_requested,
-            &topics.transfers_settled,
-            &topics.transfers_rejected,
-            &topics.orders_received,
-        ] {
-            for refusal in outbox::Refusal::ALL {
-                metrics.outbox_refused_total.with_label_values(&[topic, refusal.code()]).inc_by(0);
-            }
-        }
         let settings = PublisherSettings {
             poll_interval: config.outbox.poll_interval,
             retention: config.outbox.retention,
@@ -191,10 +187,7 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         sources: config.kafka.topics.sources().into_iter().map(str::to_owned).collect(),
     };
     let dlt_probe = Arc::new(dlt_scope.reader().context("cannot create the DLT watermark consumer")?);
-    // At 0 from the start: an alert on their increase then sees the first dead letter too.
-    for (dlt, _) in dlt_scope.dlt_topics() {
-        metrics.dlt_records_total.with_label_values(&[&dlt]).inc_by(0);
-    }
+    initial::publish(&config, &metrics, dlt_scope.dlt_topics().into_iter().map(|(dlt, _)| dlt));
     let (state_dropped_tx, state_dropped) = std::sync::mpsc::channel();
     let intake = GroupCommit::start(
         "intake",
@@ -225,10 +218,11 @@ pub async fn start(config: Config, kafka: KafkaEndpoint, expected_migrations: Ve
         dlt_probe,
         dropped: state_dropped_tx,
     });
-    let intake = http::intake_server(state.clone(), &config.http)
-        .with_context(|| format!("cannot bind the intake listener on {}", config.http.intake_addr))?;
-    let admin = http::admin_server(state, &config.http)
-        .with_context(|| format!("cannot bind the admin listener on {}", config.http.admin_addr))?;
+    let (intake, admin) = listeners.into_parts();
+    let intake = http::intake_server(state.clone(), &config.http, intake)
+        .with_context(|| format!("cannot serve the intake listener on {}", config.http.intake_addr))?;
+    let admin = http::admin_server(state, &config.http, admin)
+        .with_context(|| format!("cannot serve the admin listener on {}", config.http.admin_addr))?;
     info!(intake = %intake.addr, admin = %admin.addr, "HTTP listeners started.");
     let daemon = Daemon {
         intake_addr: intake.addr,

@@ -177,9 +177,13 @@ impl Config {
     /// are secret.
     #[must_use]
     pub fn to_redacted_toml(&self) -> String {
-        toml::to_string_pretty(&self.with_pools_resolved()).unwrap_or_else(|e| format!("# cannot render: {e}"))
+        match toml::to_string_pretty(&self.with_pools_resolved()) {
+            Ok(text) => render::tidy(&text),
+            Err(e) => format!("# cannot render: {e}"),
+        }
     }
 }
 
+mod render;
 #[cfg(test)]
 mod tests;

@@ -112,9 +112,45 @@ impl Serialize for SecretUrl {
 /// librdkafka properties passed through to a client. Values of properties that hold
 /// credentials (`sasl.password`, `ssl.key.password`, `ssl.key.pem`, `*.secret`, JAAS and
 /// OAuth configs, ...) print as `<redacted>` in `Debug` and `Serialize`.
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
+///
+/// Dotted names may also come nested (`TALLY__KAFKA__PRODUCER__SASL.PASSWORD` reaches the
+/// loader as `sasl = { password = ... }`), and numbers or booleans unquoted: both are taken
+/// as the dotted name and the value's text.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct ClientProperties(BTreeMap<String, String>);
+
+impl<'de> Deserialize<'de> for ClientProperties {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Property {
+            Text(String),
+            Bool(bool),
+            Int(i64),
+            Float(f64),
+            Nested(BTreeMap<String, Property>),
+        }
+        fn flatten(prefix: Option<&str>, map: BTreeMap<String, Property>, out: &mut BTreeMap<String, String>) {
+            for (name, value) in map {
+                let key = prefix.map_or_else(|| name.clone(), |p| format!("{p}.{name}"));
+                let text = match value {
+                    Property::Text(s) => s,
+                    Property::Bool(b) => b.to_string(),
+                    Property::Int(i) => i.to_string(),
+                    Property::Float(f) => f.to_string(),
+                    Property::Nested(inner) => {
+                        flatten(Some(&key), inner, out);
+                        continue;
+                    }
+                };
+                out.insert(key, text);
+            }
+        }
+        let mut out = BTreeMap::new();
+        flatten(None, BTreeMap::deserialize(deserializer)?, &mut out);
+        Ok(Self(out))
+    }
+}
 
 impl ClientProperties {
     /// Whether librdkafka property `key` holds a credential.

@@ -261,3 +261,23 @@ fn topic_configs_name_known_topics() {
     let e = with("[kafka]\nretention_ms = 5").unwrap_err().to_string();
     assert!(e.contains("kafka.retention_ms"), "{e}");
 }
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure type, not ours
+fn librdkafka_properties_can_come_from_the_environment() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("tally.toml", "[kafka.producer]\n\"linger.ms\" = \"7\"\n")?;
+        jail.set_env("TALLY__KAFKA__PRODUCER__SASL.PASSWORD", "pw-from-env");
+        jail.set_env("TALLY__KAFKA__PRODUCER__SASL.MECHANISM", "PLAIN");
+        jail.set_env("TALLY__KAFKA__CONSUMER__FETCH.WAIT.MAX.MS", "25");
+        jail.set_env("TALLY__KAFKA__CONSUMER__ENABLE.PARTITION.EOF", "false");
+        let c = Config::load(Some(Path::new("tally.toml"))).map_err(|e| e.to_string())?;
+        assert_eq!(c.kafka.producer.get("sasl.password").map(String::as_str), Some("pw-from-env"));
+        assert_eq!(c.kafka.producer.get("sasl.mechanism").map(String::as_str), Some("PLAIN"));
+        assert_eq!(c.kafka.producer.get("linger.ms").map(String::as_str), Some("7"));
+        assert_eq!(c.kafka.consumer.get("fetch.wait.max.ms").map(String::as_str), Some("25"));
+        assert_eq!(c.kafka.consumer.get("enable.partition.eof").map(String::as_str), Some("false"));
+        assert!(!c.to_redacted_toml().contains("pw-from-env"));
+        Ok(())
+    });
+}

@@ -86,7 +86,8 @@ impl From<Transfer> for TransferView {
 /// unless 201. The write shares a transaction with the requests that arrived meanwhile
 /// ([`IntakeBatch`]).
 ///
-/// Runs inside the `http.transfer` span, the first hop of the transfer's trace: a child of
+/// Runs inside the `http.transfer` span (kind SERVER, status ERROR on a 5xx), the first hop
+/// of the transfer's trace: a child of
 /// the request's `traceparent` when it has a valid one, else the root of a new trace. The
 /// traceparent stored with the outbox row names this span when traces are exported.
 pub async fn create_transfer(
@@ -94,16 +95,37 @@ pub async fn create_transfer(
     req: HttpRequest,
     body: web::Json<CreateTransferBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let span = tracing::info_span!("http.transfer", trace_id = Empty, transfer.id = Empty, outcome = Empty);
+    let span = tracing::info_span!(
+        "http.transfer",
+        otel.kind = "server",
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+        error.type = Empty,
+        trace_id = Empty,
+        transfer.id = Empty,
+        outcome = Empty,
+        http.request.method = "POST",
+        http.route = "/transfers",
+        http.response.status_code = Empty,
+        db.system = "postgresql",
+    );
     let traceparent = trace::start(&span, super::incoming_traceparent(&req));
     let result = accept_transfer(state, req, body, traceparent).instrument(span.clone()).await;
     match &result {
-        Ok((outcome, id, _)) => {
+        Ok((outcome, id, response)) => {
             span.record("transfer.id", display(id));
             span.record("outcome", *outcome);
+            span.record("http.response.status_code", i64::from(response.status().as_u16()));
         }
         Err(e) => {
             span.record("outcome", e.code());
+            let status = actix_web::ResponseError::status_code(e);
+            span.record("http.response.status_code", i64::from(status.as_u16()));
+            // A server span fails on a 5xx only: a 4xx is the client's (OpenTelemetry's
+            // HTTP conventions).
+            if status.is_server_error() {
+                trace::failed(&span, status.as_str(), &e.to_string());
+            }
         }
     }
     result.map(|(_, _, response)| response)

@@ -61,6 +61,37 @@ pub struct AppState {
     pub dropped: std::sync::mpsc::Sender<()>,
 }
 
+/// The sockets of both listeners, bound before anything else starts (database, broker,
+/// pipelines), so that a taken port fails the start at once.
+#[derive(Debug)]
+pub struct Listeners {
+    intake: std::net::TcpListener,
+    admin: std::net::TcpListener,
+}
+
+impl Listeners {
+    /// Binds `http.intake_addr` and `http.admin_addr`.
+    ///
+    /// # Errors
+    /// When an address cannot be bound (taken, or not this host's), naming it and its key.
+    pub fn bind(config: &HttpConfig) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let bind = |addr: SocketAddr, key: &str| {
+            std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr} ({key})"))
+        };
+        Ok(Self {
+            intake: bind(config.intake_addr, "http.intake_addr")?,
+            admin: bind(config.admin_addr, "http.admin_addr")?,
+        })
+    }
+
+    /// The intake's socket and the admin's.
+    #[must_use]
+    pub fn into_parts(self) -> (std::net::TcpListener, std::net::TcpListener) {
+        (self.intake, self.admin)
+    }
+}
+
 /// A bound, not yet running, HTTP server and its address.
 pub struct Bound {
     pub server: Server,
@@ -71,11 +102,15 @@ fn json_config(limit: usize) -> web::JsonConfig {
     web::JsonConfig::default().limit(limit).error_handler(error::json_error)
 }
 
-/// Binds the intake listener.
+/// The intake server on its bound socket.
 ///
 /// # Errors
-/// When the address cannot be bound.
-pub fn intake_server(state: web::Data<AppState>, config: &HttpConfig) -> std::io::Result<Bound> {
+/// When the socket cannot be set up for serving.
+pub fn intake_server(
+    state: web::Data<AppState>,
+    config: &HttpConfig,
+    listener: std::net::TcpListener,
+) -> std::io::Result<Bound> {
     let limit = config.body_limit_bytes;
     let server = HttpServer::new(move || {
         App::new()
@@ -96,16 +131,20 @@ pub fn intake_server(state: web::Data<AppState>, config: &HttpConfig) -> std::io
     .workers(config.workers)
     .disable_signals()
     .shutdown_timeout(10)
-    .bind(config.intake_addr)?;
+    .listen(listener)?;
     let addr = first_addr(&server.addrs(), config.intake_addr);
     Ok(Bound { server: server.run(), addr })
 }
 
-/// Binds the admin listener.
+/// The admin server on its bound socket.
 ///
 /// # Errors
-/// When the address cannot be bound.
-pub fn admin_server(state: web::Data<AppState>, config: &HttpConfig) -> std::io::Result<Bound> {
+/// When the socket cannot be set up for serving.
+pub fn admin_server(
+    state: web::Data<AppState>,
+    config: &HttpConfig,
+    listener: std::net::TcpListener,
+) -> std::io::Result<Bound> {
     let limit = config.body_limit_bytes;
     let server = HttpServer::new(move || {
         App::new()
@@ -121,7 +160,7 @@ pub fn admin_server(state: web::Data<AppState>, config: &HttpConfig) -> std::io:
     .workers(1)
     .disable_signals()
     .shutdown_timeout(5)
-    .bind(config.admin_addr)?;
+    .listen(listener)?;
     let addr = first_addr(&server.addrs(), config.admin_addr);
     Ok(Bound { server: server.run(), addr })
 }

@@ -25,14 +25,14 @@ const MARKER: &str = "zz-marker-7f3a";
 const TOKEN: &str = "first-run-token";
 
 /// A child process killed however the test ends; its stderr goes to `log`.
-struct Proc {
-    child: Child,
+pub(crate) struct Proc {
+    pub(crate) child: Child,
     log: PathBuf,
 }
 
 impl Proc {
     /// `tally <args>` with `envs`, stdout piped, stderr to `target/<profile>/first-run-<name>.log`.
-    fn start(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Self {
+    pub(crate) fn start(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Self {
         let binary = tally_binary();
         let log = binary.with_file_name(format!("first-run-{name}-{}.log", uuid::Uuid::new_v4().simple()));
         let stderr = std::fs::File::create(&log).expect("child log file");
@@ -47,7 +47,7 @@ impl Proc {
         Self { child, log }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
@@ -58,7 +58,7 @@ impl Proc {
     }
 
     /// Waits (bounded) for the process to exit on its own; its success.
-    async fn exited(&mut self, what: &str) -> bool {
+    pub(crate) async fn exited(&mut self, what: &str) -> bool {
         wait_exit(&mut self.child, what, Deadline::secs(120)).await
     }
 }
@@ -71,7 +71,7 @@ impl Drop for Proc {
 }
 
 /// `tally broker` on a free port, once it printed its bootstrap address.
-async fn start_broker() -> (Proc, String) {
+pub(crate) async fn start_broker() -> (Proc, String) {
     let listen = free_addr();
     let mut broker = Proc::start("broker", &["broker", "--listen", &listen], &[("TALLY__LOG__LEVEL", "warn")]);
     let stdout = broker.child.stdout.take().expect("stdout");
@@ -87,7 +87,7 @@ async fn start_broker() -> (Proc, String) {
 }
 
 /// Waits until `GET http://<admin>/readyz` answers 200.
-async fn wait_ready(admin: &str, child: &Proc) {
+pub(crate) async fn wait_ready(admin: &str, child: &Proc) {
     let client = reqwest::Client::new();
     let url = format!("http://{admin}/readyz");
     wait_until("the child is ready", Deadline::secs(120), || async {

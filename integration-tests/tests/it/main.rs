@@ -17,6 +17,7 @@ mod ledger;
 mod money_path;
 mod noida;
 mod notifications;
+mod operator;
 mod orders;
 mod outage;
 mod outbox;

@@ -11,7 +11,10 @@
 
 use std::collections::HashMap;
 
-use reqwest::StatusCode;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Attr;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use serde_json::{json, Value};
 use tally_integration_tests::{
     free_addr, spawn_tally_process, tally_binary, wait_exit, wait_settled, wait_until, Deadline, ReceivedCall,
@@ -41,6 +44,9 @@ struct Span {
     span_id: String,
     parent: String,
     start_ns: u64,
+    kind: SpanKind,
+    status: StatusCode,
+    status_message: String,
     attributes: HashMap<String, String>,
 }
 
@@ -54,31 +60,38 @@ impl Span {
     }
 }
 
-/// Every span of every OTLP/HTTP JSON export the collector received.
+/// Every span of every OTLP/HTTP JSON export the collector received, decoded with the
+/// OpenTelemetry protocol's own message types (as a collector decodes them).
 fn received_spans(calls: &[ReceivedCall]) -> Vec<Span> {
     let mut spans = Vec::new();
     for call in calls {
-        let body: Value = serde_json::from_slice(&call.body).expect("an OTLP export is JSON");
-        let scopes = body["resourceSpans"].as_array().into_iter().flatten().flat_map(|r| {
-            r["scopeSpans"].as_array().into_iter().flatten().flat_map(|s| s["spans"].as_array().into_iter().flatten())
-        });
-        for s in scopes {
-            let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
-            let attributes = s["attributes"]
-                .as_array()
-                .into_iter()
-                .flatten()
+        let request: ExportTraceServiceRequest =
+            serde_json::from_slice(&call.body).expect("an OTLP/JSON ExportTraceServiceRequest");
+        for s in request.resource_spans.into_iter().flat_map(|r| r.scope_spans).flat_map(|s| s.spans) {
+            let attributes = s
+                .attributes
+                .iter()
                 .filter_map(|a| {
-                    let value = a["value"].as_object()?.values().next()?;
-                    Some((a["key"].as_str()?.to_owned(), text(value)))
+                    let value = match a.value.as_ref()?.value.as_ref()? {
+                        Attr::StringValue(v) => v.clone(),
+                        Attr::IntValue(v) => v.to_string(),
+                        Attr::BoolValue(v) => v.to_string(),
+                        Attr::DoubleValue(v) => v.to_string(),
+                        other => format!("{other:?}"),
+                    };
+                    Some((a.key.clone(), value))
                 })
                 .collect();
+            let status = s.status.clone().unwrap_or_default();
             spans.push(Span {
-                name: text(&s["name"]),
-                trace_id: text(&s["traceId"]),
-                span_id: text(&s["spanId"]),
-                parent: s["parentSpanId"].as_str().unwrap_or("").to_owned(),
-                start_ns: text(&s["startTimeUnixNano"]).parse().unwrap_or(0),
+                name: s.name.clone(),
+                trace_id: hex(&s.trace_id),
+                span_id: hex(&s.span_id),
+                parent: hex(&s.parent_span_id),
+                start_ns: s.start_time_unix_nano,
+                kind: SpanKind::try_from(s.kind).expect("a known span kind"),
+                status: StatusCode::try_from(status.code).expect("a known status code"),
+                status_message: status.message,
                 attributes,
             });
         }
@@ -86,10 +99,14 @@ fn received_spans(calls: &[ReceivedCall]) -> Vec<Span> {
     spans
 }
 
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The child daemon, killed however the test ends.
 async fn post(http: &reqwest::Client, url: String, body: Value) -> Value {
     let res = http.post(&url).json(&body).send().await.expect("POST");
-    assert_eq!(res.status(), StatusCode::CREATED, "POST {url}");
+    assert_eq!(res.status(), reqwest::StatusCode::CREATED, "POST {url}");
     res.json().await.expect("JSON body")
 }
 
@@ -102,7 +119,7 @@ struct Child_ {
     log_path: std::path::PathBuf,
 }
 
-async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver) -> Child_ {
+async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver, extra: &[(&str, &str)]) -> Child_ {
     // The child does not create topics (the mock has no Admin API): the harness does.
     let mut config = tally_engine::Config::default();
     config.notifications.webhook_url = tally_engine::config::SecretUrl::new(webhook.url.clone());
@@ -111,26 +128,26 @@ async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver) -
     }
     let (intake, admin) = (free_addr(), free_addr());
     let instance = format!("traces-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let daemon = spawn_tally_process(
-        env,
-        &[
-            ("TALLY__INSTANCE__ID", &instance),
-            ("TALLY__HTTP__INTAKE_ADDR", &intake),
-            ("TALLY__HTTP__ADMIN_ADDR", &admin),
-            ("TALLY__LOG__FORMAT", "json"),
-            ("RUST_LOG", "info"),
-            ("TALLY__TELEMETRY__OTLP_ENDPOINT", endpoint),
-            ("TALLY__NOTIFICATIONS__WEBHOOK_URL", &webhook.url),
-            ("TALLY__NOTIFICATIONS__WEBHOOK_SECRET", "traces-secret"),
-            // The SDK's batch processor sends every 200 ms rather than every 5 s.
-            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
-        ],
-    );
+    let mut vars = vec![
+        ("TALLY__INSTANCE__ID", instance.as_str()),
+        ("TALLY__HTTP__INTAKE_ADDR", intake.as_str()),
+        ("TALLY__HTTP__ADMIN_ADDR", admin.as_str()),
+        ("TALLY__LOG__FORMAT", "json"),
+        // The webhook delivery line (DEBUG) is written inside its hop.
+        ("RUST_LOG", "info,tally_actors::notify=debug"),
+        ("TALLY__TELEMETRY__OTLP_ENDPOINT", endpoint),
+        ("TALLY__NOTIFICATIONS__WEBHOOK_URL", webhook.url.as_str()),
+        ("TALLY__NOTIFICATIONS__WEBHOOK_SECRET", "traces-secret"),
+        // The SDK's batch processor sends every 200 ms rather than every 5 s.
+        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+    ];
+    vars.extend_from_slice(extra);
+    let daemon = spawn_tally_process(env, &vars);
     let log_path = tally_binary().with_file_name(format!("tally-child-{instance}.log"));
     let http = reqwest::Client::new();
     wait_until("the child is ready", Deadline::secs(120), || async {
         match http.get(format!("http://{admin}/readyz")).send().await {
-            Ok(r) if r.status() == StatusCode::OK => Ok(()),
+            Ok(r) if r.status() == reqwest::StatusCode::OK => Ok(()),
             Ok(r) => Err(format!("{}: {}", r.status(), r.text().await.unwrap_or_default())),
             Err(e) => Err(e.to_string()),
         }
@@ -169,7 +186,7 @@ async fn every_hop_of_a_transfer_shares_one_trace() {
     let collector = WebhookReceiver::start(|_, _| 200).await;
     let webhook = WebhookReceiver::start(|_, _| 200).await;
     let endpoint = collector.url.trim_end_matches("/hook").to_owned();
-    let Child_ { mut daemon, intake, admin: _, log_path } = start_child(&env, &endpoint, &webhook).await;
+    let Child_ { mut daemon, intake, admin: _, log_path } = start_child(&env, &endpoint, &webhook, &[]).await;
     let http = reqwest::Client::new();
     let transfer = transfer(&http, &intake).await;
     wait_settled(&http, &intake, &transfer).await;
@@ -228,6 +245,30 @@ async fn every_hop_of_a_transfer_shares_one_trace() {
         }
     }
     assert!(spans.iter().any(|s| s.is_hop(HOPS[3]) && s.attr("outcome") == Some("settled")), "{spans:#?}");
+    // OpenTelemetry's conventions: span kinds, no error anywhere, the semantic attributes.
+    for s in &spans {
+        let kind = match s.name.as_str() {
+            "http.transfer" => SpanKind::Server,
+            "outbox.publish" => SpanKind::Producer,
+            _ => SpanKind::Consumer,
+        };
+        assert_eq!(s.kind, kind, "{s:?}");
+        assert_eq!(s.status, StatusCode::Unset, "a settled transfer fails nowhere: {s:?}");
+        assert_eq!(s.attr("db.system"), Some("postgresql"), "{s:?}");
+        if s.name == "http.transfer" {
+            continue;
+        }
+        assert_eq!(s.attr("messaging.system"), Some("kafka"), "{s:?}");
+        for key in ["messaging.kafka.destination.partition", "messaging.kafka.offset"] {
+            assert!(s.attr(key).is_some_and(|v| v.parse::<i64>().is_ok_and(|n| n >= 0)), "{key} of {s:?}");
+        }
+        assert!(s.attr("messaging.kafka.message.key").is_some_and(|k| k.starts_with("T-")), "{s:?}");
+    }
+    for (key, value) in
+        [("http.request.method", "POST"), ("http.route", "/transfers"), ("http.response.status_code", "201")]
+    {
+        assert_eq!(root.attr(key), Some(value), "{key} of {root:?}");
+    }
 
     // The daemon's JSON log lines written inside a hop carry the trace id.
     let line = wait_until("a JSON log line carries the trace id", Deadline::DEFAULT, || async {
@@ -266,7 +307,7 @@ async fn a_collector_that_is_down_costs_the_money_path_nothing() {
     let webhook = WebhookReceiver::start(|_, _| 200).await;
     // Nothing listens there: every export fails.
     let endpoint = format!("http://{}", free_addr());
-    let Child_ { mut daemon, intake, admin, log_path } = start_child(&env, &endpoint, &webhook).await;
+    let Child_ { mut daemon, intake, admin, log_path } = start_child(&env, &endpoint, &webhook, &[]).await;
     let http = reqwest::Client::new();
     let mut ids = Vec::new();
     for _ in 0..20 {
@@ -296,4 +337,127 @@ async fn a_collector_that_is_down_costs_the_money_path_nothing() {
     .await;
     assert!(log.lines().all(|l| !l.contains("panicked")), "no panic");
     assert!(stop_cleanly(&mut daemon).await, "tally run exits 0 after SIGTERM with its collector down");
+}
+
+/// The spans with `pred` the collector has, once `ready` accepts them.
+async fn wait_spans(
+    collector: &WebhookReceiver,
+    what: &str,
+    pred: impl Fn(&Span) -> bool,
+    ready: impl Fn(&[Span]) -> bool,
+) -> Vec<Span> {
+    wait_until(what, Deadline::DEFAULT, || async {
+        let spans: Vec<Span> = received_spans(&collector.calls()).into_iter().filter(|s| pred(s)).collect();
+        if ready(&spans) {
+            Ok(spans)
+        } else {
+            Err(format!("got {:?}", spans.iter().map(|s| (&s.name, s.status)).collect::<Vec<_>>()))
+        }
+    })
+    .await
+}
+
+/// A blocked transfer is a business outcome, not an error; a poison record is: its span
+/// (in its trace when it carries one, a root otherwise) has status ERROR and the error's
+/// class, whichever stage dead-letters it. A client's mistake (409) is not the server's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_transfers_and_poison_records_show_in_traces() {
+    let env = TestEnv::new().await;
+    let collector = WebhookReceiver::start(|_, _| 200).await;
+    let webhook = WebhookReceiver::start(|_, _| 200).await;
+    let endpoint = collector.url.trim_end_matches("/hook").to_owned();
+    // Every transfer scores at least 1: every one is blocked.
+    let child = start_child(&env, &endpoint, &webhook, &[("TALLY__ANTIFRAUD__BLOCK_SCORE", "1")]).await;
+    let Child_ { mut daemon, intake, log_path, .. } = child;
+    let http = reqwest::Client::new();
+
+    let blocked = transfer(&http, &intake).await;
+    let hops = wait_spans(
+        &collector,
+        "the spans of the blocked transfer",
+        |s| s.attr("transfer.id") == Some(blocked.as_str()),
+        |spans| ["antifraud.decide", "projection.apply"].iter().all(|n| spans.iter().any(|s| &s.name == n)),
+    )
+    .await;
+    println!("a blocked transfer:");
+    print_trace(&hops);
+    let decide = hops.iter().find(|s| s.name == "antifraud.decide").expect("antifraud.decide");
+    assert_eq!(decide.attr("outcome"), Some("blocked"), "{decide:?}");
+    assert!(hops.iter().all(|s| s.status == StatusCode::Unset), "blocking is no error: {hops:#?}");
+    assert!(hops.iter().all(|s| s.name != "ledger.settle"), "{hops:#?}");
+
+    // Poison in the antifraud stage, without a traceparent: a root span of its own.
+    let p = tally_integration_tests::producer(env.bootstrap());
+    tally_integration_tests::produce(&p, "transfers.requested", None, "T-POISON-1", b"{not json", &[]).await;
+    // Poison for the ledger, in a trace: its ledger.settle hop fails, in that trace.
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    tally_integration_tests::produce(
+        &p,
+        "transfers.analyzed",
+        None,
+        "T-POISON-2",
+        b"{not json",
+        &[("event-type", "TransferAnalyzed"), ("traceparent", tp)],
+    )
+    .await;
+    let poison = wait_spans(
+        &collector,
+        "the spans of both poison records",
+        |s| s.attr("messaging.kafka.message.key").is_some_and(|k| k.starts_with("T-POISON")),
+        |spans| spans.len() >= 2,
+    )
+    .await;
+    println!("poison records:");
+    print_trace(&poison);
+    for s in &poison {
+        println!("{} {:?} {:?} {:?}", s.name, s.status, s.status_message, s.attributes);
+    }
+    let antifraud = poison.iter().find(|s| s.attr("messaging.kafka.message.key") == Some("T-POISON-1")).expect("one");
+    assert_eq!(antifraud.name, "record.poison", "{antifraud:?}");
+    assert_eq!(antifraud.attr("tally.pipeline"), Some("antifraud"), "{antifraud:?}");
+    assert!(antifraud.parent.is_empty(), "{antifraud:?}");
+    let ledger = poison.iter().find(|s| s.attr("messaging.kafka.message.key") == Some("T-POISON-2")).expect("two");
+    assert_eq!(ledger.name, "ledger.settle", "{ledger:?}");
+    assert_eq!(ledger.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736", "in the record's trace: {ledger:?}");
+    assert_eq!(ledger.parent, "00f067aa0ba902b7", "{ledger:?}");
+    for s in [antifraud, ledger] {
+        assert_eq!(s.kind, SpanKind::Consumer, "{s:?}");
+        assert_eq!(s.status, StatusCode::Error, "{s:?}");
+        assert_eq!(s.attr("error.type"), Some("poison"), "{s:?}");
+        assert!(s.status_message.contains("undecodable"), "the reason: {s:?}");
+        assert!(s.attr("messaging.destination.name").is_some(), "{s:?}");
+    }
+
+    // The antifraud stage logs its poison as every stage logs a dead letter.
+    let logged = wait_until("the antifraud poison is logged", Deadline::DEFAULT, || async {
+        let log = std::fs::read_to_string(&log_path).map_err(|e| e.to_string())?;
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["message"] == "Record dead-lettered." && l["topic"] == "transfers.requested")
+            .ok_or_else(|| format!("{} lines, none for the antifraud poison", log.lines().count()))
+    })
+    .await;
+    println!("{logged}");
+    assert_eq!(logged["level"], "ERROR", "{logged}");
+    assert!(logged["reason"].as_str().is_some_and(|r| r.contains("undecodable")), "{logged}");
+
+    // A request the client got wrong: 409, and the server span does not fail.
+    let body = json!({ "sourceAccount": "T-A", "destinationAccount": "T-B", "amountCents": 10, "currency": "BRL" });
+    let send = |amount: i64| {
+        let mut body = body.clone();
+        body["amountCents"] = json!(amount);
+        http.post(format!("http://{intake}/transfers")).header("Idempotency-Key", "traces-409").json(&body).send()
+    };
+    assert_eq!(send(10).await.expect("POST").status(), reqwest::StatusCode::CREATED);
+    assert_eq!(send(11).await.expect("POST").status(), reqwest::StatusCode::CONFLICT);
+    let conflict = wait_spans(
+        &collector,
+        "the span of the 409",
+        |s| s.name == "http.transfer" && s.attr("http.response.status_code") == Some("409"),
+        |spans| !spans.is_empty(),
+    )
+    .await;
+    assert_eq!(conflict[0].kind, SpanKind::Server, "{conflict:?}");
+    assert_eq!(conflict[0].status, StatusCode::Unset, "a 4xx is not the server's error: {conflict:?}");
+    assert!(stop_cleanly(&mut daemon).await, "tally run exits 0 after SIGTERM");
 }
