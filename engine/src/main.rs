@@ -184,7 +184,7 @@ fn run(config: Config) -> anyhow::Result<()> {
         );
     }
     let expected = migrate::embedded_versions()?;
-    migrate::prepare_blocking(config.database.url.expose())
+    migrate::prepare_blocking(&config.database.connect_url())
         .with_context(|| format!("cannot prepare the database at {}", migrate::redact(config.database.url.expose())))?;
     let system = actix::System::new();
     let stopped = system.block_on(async move {
@@ -215,7 +215,7 @@ fn run(config: Config) -> anyhow::Result<()> {
 }
 
 fn migrate(config: &Config) -> anyhow::Result<()> {
-    let applied = migrate::prepare_blocking(config.database.url.expose())?;
+    let applied = migrate::prepare_blocking(&config.database.connect_url())?;
     if applied.is_empty() {
         println!("Database is up to date.");
     } else {

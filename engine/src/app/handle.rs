@@ -59,7 +59,7 @@ pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Res
 /// As [`spawn`].
 pub fn spawn_with(config: Config, broker: Option<Arc<EmbeddedBroker>>, parts: Parts) -> anyhow::Result<DaemonHandle> {
     let expected = migrate::embedded_versions()?;
-    migrate::prepare_blocking(config.database.url.expose())?;
+    migrate::prepare_blocking(&config.database.connect_url())?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
