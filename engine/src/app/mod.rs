@@ -210,8 +210,7 @@ pub async fn start_with(
             claim_until_empty: !parts.outbox_one_batch_per_poll,
         };
         if config.outbox.listen {
-            listener =
-                Some(outbox::spawn_listener(config.database.url.expose().to_owned(), Arc::clone(&wake), listener_rx));
+            listener = Some(outbox::spawn_listener(config.database.connect_url(), Arc::clone(&wake), listener_rx));
         }
         publisher = Some(OutboxPublisher::new(relay, settings, wake).start());
     } else {
@@ -248,6 +247,7 @@ pub async fn start_with(
         expected_migrations,
         kafka_probe: producer,
         admin_token: config.http.admin_token.clone(),
+        clients: crate::http::auth::IntakeClients::new(&config.http),
         max_balance_cents: config.ledger.max_balance_cents,
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),

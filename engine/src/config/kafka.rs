@@ -29,6 +29,9 @@ pub struct KafkaConfig {
     pub producer: ClientProperties,
     /// librdkafka properties passed through to every consumer.
     pub consumer: ClientProperties,
+    /// A file holding the SASL password (a mounted secret): given to every client as
+    /// `sasl.password`.
+    pub sasl_password_file: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -55,6 +58,7 @@ impl Default for KafkaConfig {
             topics: TopicsConfig::default(),
             producer: ClientProperties::default(),
             consumer: ClientProperties::default(),
+            sasl_password_file: String::new(),
         }
     }
 }
