@@ -213,7 +213,7 @@ fn run(config: Config) -> anyhow::Result<()> {
     }
     let expected = migrate::embedded_versions()?;
     // Its errors name the database's redacted URL, port included.
-    migrate::prepare_blocking(config.database.url.expose())?;
+    migrate::prepare_blocking(&config.database.connect_url())?;
     let system = actix::System::new();
     let stopped = system.block_on(async move {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
@@ -243,7 +243,7 @@ fn run(config: Config) -> anyhow::Result<()> {
 }
 
 fn migrate(config: &Config) -> anyhow::Result<()> {
-    let applied = migrate::prepare_blocking(config.database.url.expose())?;
+    let applied = migrate::prepare_blocking(&config.database.connect_url())?;
     if applied.is_empty() {
         println!("Database is up to date.");
     } else {

@@ -291,6 +291,9 @@ impl Wiring<'_> {
                 NotifierSettings {
                     webhook_url: cfg.webhook_url.expose().to_owned(),
                     secret: cfg.webhook_secret.expose().to_owned(),
+                    root_certs: cfg
+                        .root_certs()
+                        .map_err(|e| anyhow::anyhow!("notifications.webhook_root_cert: {e}"))?,
                     timeout: cfg.timeout,
                     delays_ms: delays.clone(),
                     database_wait: self.config.database.connect_timeout,

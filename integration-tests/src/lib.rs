@@ -62,6 +62,7 @@ mod db;
 pub mod hostile;
 mod kafka;
 pub mod noida;
+pub mod tls;
 mod wait;
 mod webhook;
 

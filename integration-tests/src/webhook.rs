@@ -38,51 +38,46 @@ impl WebhookReceiver {
     /// # Panics
     /// When no port can be bound.
     pub async fn start(respond: impl Fn(&[u8], usize) -> u16 + Send + Sync + 'static) -> Self {
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        Self::serve(respond, None).await
+    }
+
+    /// [`WebhookReceiver::start`] over TLS with `tls` (its URL is `https://localhost:<port>/hook`):
+    /// a connection whose handshake fails is recorded nowhere.
+    ///
+    /// # Panics
+    /// When no port can be bound.
+    pub async fn start_tls(
+        respond: impl Fn(&[u8], usize) -> u16 + Send + Sync + 'static,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> Self {
+        Self::serve(respond, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    }
+
+    async fn serve(
+        respond: impl Fn(&[u8], usize) -> u16 + Send + Sync + 'static,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the webhook receiver");
-        let url = format!("http://{}/hook", listener.local_addr().expect("local addr"));
+        let port = listener.local_addr().expect("local addr").port();
+        let url = match tls {
+            Some(_) => format!("https://localhost:{port}/hook"),
+            None => format!("http://127.0.0.1:{port}/hook"),
+        };
         let calls: Arc<std::sync::Mutex<Vec<ReceivedCall>>> = Arc::default();
         let respond: Arc<Responder> = Arc::new(respond);
         let recorded = Arc::clone(&calls);
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (recorded, respond) = (Arc::clone(&recorded), Arc::clone(&respond));
+                let (recorded, respond, tls) = (Arc::clone(&recorded), Arc::clone(&respond), tls.clone());
                 tokio::spawn(async move {
-                    let mut reader = BufReader::new(stream);
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let request = line.rsplit_once(' ').map_or(line.trim_end(), |(r, _)| r).to_owned();
-                    let mut headers = std::collections::HashMap::new();
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let trimmed = line.trim_end();
-                        if trimmed.is_empty() {
-                            break;
-                        }
-                        if let Some((k, v)) = trimmed.split_once(':') {
-                            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+                    match tls {
+                        None => answer(stream, &recorded, respond.as_ref()).await,
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                answer(stream, &recorded, respond.as_ref()).await;
+                            }
                         }
                     }
-                    let len: usize = headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
-                    let mut body = vec![0; len];
-                    if reader.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
-                    let status = {
-                        let mut calls = recorded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        let status = respond(&body, calls.len());
-                        calls.push(ReceivedCall { at: std::time::SystemTime::now(), request, headers, body, status });
-                        status
-                    };
-                    let reply = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-                    let mut stream = reader.into_inner();
-                    let _ = stream.write_all(reply.as_bytes()).await;
-                    let _ = stream.shutdown().await;
                 });
             }
         });
@@ -100,4 +95,47 @@ impl Drop for WebhookReceiver {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Reads one request from `stream`, records it and answers it, closing the connection.
+async fn answer<S>(stream: S, recorded: &std::sync::Mutex<Vec<ReceivedCall>>, respond: &Responder)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
+        return;
+    }
+    let request = line.rsplit_once(' ').map_or(line.trim_end(), |(r, _)| r).to_owned();
+    let mut headers = std::collections::HashMap::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = trimmed.split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_owned());
+        }
+    }
+    let len: usize = headers.get("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mut body = vec![0; len];
+    if reader.read_exact(&mut body).await.is_err() {
+        return;
+    }
+    let status = {
+        let mut calls = recorded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let status = respond(&body, calls.len());
+        calls.push(ReceivedCall { at: std::time::SystemTime::now(), request, headers, body, status });
+        status
+    };
+    let reply = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    let mut stream = reader.into_inner();
+    let _ = stream.write_all(reply.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }

@@ -26,6 +26,9 @@ pub struct Transfer {
     pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The API client that created it; empty when the intake does not authenticate.
+    /// Its `Idempotency-Key` is unique per client.
+    pub client: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable)]
@@ -59,6 +62,9 @@ pub struct Order {
     pub currency: String,
     pub lines: Option<serde_json::Value>,
     pub created_at: DateTime<Utc>,
+    /// The API client that created it; empty when the intake does not authenticate.
+    /// Its `externalReference` is unique per client.
+    pub client: String,
 }
 
 /// An order as the consumer of `OrderReceived` materialised it. `order_id` is

@@ -86,6 +86,8 @@ diesel::table! {
         currency -> Bpchar,
         lines -> Nullable<Jsonb>,
         created_at -> Timestamptz,
+        #[max_length = 64]
+        client -> Varchar,
     }
 }
 
@@ -170,6 +172,8 @@ diesel::table! {
         idempotency_key -> Nullable<Varchar>,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
+        #[max_length = 64]
+        client -> Varchar,
     }
 }
 

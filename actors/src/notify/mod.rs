@@ -46,6 +46,9 @@ use crate::trace;
 pub struct NotifierSettings {
     pub webhook_url: String,
     pub secret: String,
+    /// PEM root certificates an `https://` receiver's certificate must chain to, instead of
+    /// the system's.
+    pub root_certs: Option<Vec<u8>>,
     pub timeout: Duration,
     /// Delay before each retry, in order (attempt 2 waits `delays[0]`, ...).
     pub delays_ms: Vec<u64>,
@@ -100,7 +103,7 @@ impl Notifier {
     /// system).
     ///
     /// # Errors
-    /// When the HTTP client cannot be built.
+    /// When the HTTP client cannot be built (or `root_certs` is not PEM).
     pub fn new(
         pool: PgPool,
         producer: FutureProducer,
@@ -108,7 +111,14 @@ impl Notifier {
         metrics: Metrics,
         settings: NotifierSettings,
     ) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder().timeout(settings.timeout).build()?;
+        let mut http = reqwest::Client::builder().timeout(settings.timeout);
+        if let Some(pem) = &settings.root_certs {
+            http = http.tls_built_in_root_certs(false);
+            for root in reqwest::Certificate::from_pem_bundle(pem)? {
+                http = http.add_root_certificate(root);
+            }
+        }
+        let http = http.build()?;
         let writes = writes::Writes::start(&pool, &metrics, settings.database_wait);
         Ok(Self { writes, http, producer, dead_letters, metrics, settings })
     }

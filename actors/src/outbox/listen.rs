@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::Doorbell;
 use crate::backoff::Backoff;
+use crate::store::PgConnector;
 
 /// The notification channel written by the `outbox_events_notify` trigger.
 pub const CHANNEL: &str = "tally_outbox";
@@ -40,14 +41,11 @@ pub fn spawn_listener(
     })
 }
 
-async fn listen_once(
-    url: &str,
-    wake: &Doorbell,
-    stop: &mut watch::Receiver<bool>,
-) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+async fn listen_once(url: &str, wake: &Doorbell, stop: &mut watch::Receiver<bool>) -> anyhow::Result<()> {
+    let (client, mut connection) = PgConnector::from_url(url)?.connect().await?;
     let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
-    let sql = format!("LISTEN {CHANNEL}");
+    // Named like the pools' connections, so that it shows in pg_stat_activity.
+    let sql = format!("SET application_name = 'tally-outbox-listen'; LISTEN {CHANNEL}");
     let listen = client.batch_execute(&sql);
     tokio::pin!(listen);
     // Drive the connection while the LISTEN command runs.
@@ -56,7 +54,7 @@ async fn listen_once(
             done = &mut listen => { done?; break; }
             msg = messages.next() => match msg {
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e),
+                Some(Err(e)) => return Err(e.into()),
                 None => return Ok(()),
             },
         }
@@ -69,7 +67,7 @@ async fn listen_once(
             msg = messages.next() => match msg {
                 Some(Ok(AsyncMessage::Notification(_))) => wake.ring(),
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e),
+                Some(Err(e)) => return Err(e.into()),
                 None => return Ok(()),
             },
             _ = stop.changed() => return Ok(()),

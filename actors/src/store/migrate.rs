@@ -10,6 +10,8 @@ use diesel_async::AsyncPgConnection;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 use tracing::info;
 
+use super::connect::PgConnector;
+
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations");
 
 /// Advisory lock key held while migrating, so that two daemons starting together do not
@@ -35,13 +37,19 @@ pub fn embedded_versions() -> anyhow::Result<Vec<String>> {
 pub fn prepare_blocking(url: &str) -> anyhow::Result<Vec<String>> {
     let url = url.to_owned();
     std::thread::spawn(move || -> anyhow::Result<Vec<String>> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // One worker, so that the connection's driver task runs while the synchronous
+        // migration harness blocks on its queries.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .context("cannot start the start-up runtime")?;
         runtime.block_on(create_database_if_missing(&url))?;
-        drop(runtime);
-        run_migrations(&url)
+        let connector = PgConnector::from_url(&url)?;
+        let conn =
+            runtime.block_on(connector.establish()).with_context(|| format!("cannot connect to {}", redact(&url)))?;
+        let _entered = runtime.enter();
+        run_migrations(AsyncConnectionWrapper::from(conn), &url)
     })
     .join()
     .map_err(|_| anyhow!("the migration thread panicked"))?
@@ -52,12 +60,11 @@ pub fn prepare_blocking(url: &str) -> anyhow::Result<Vec<String>> {
 /// # Errors
 /// When the server is unreachable or refuses `CREATE DATABASE`.
 pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
-    let config: tokio_postgres::Config = url.parse().context("database.url is not a valid PostgreSQL URL")?;
-    let name = config.get_dbname().ok_or_else(|| anyhow!("database.url names no database"))?.to_owned();
-    let mut admin = config.clone();
-    admin.dbname("postgres");
-    let (client, connection) = admin
-        .connect(tokio_postgres::NoTls)
+    let connector = PgConnector::from_url(url).context("database.url cannot be used")?;
+    let name = connector.config().get_dbname().ok_or_else(|| anyhow!("database.url names no database"))?.to_owned();
+    let (client, connection) = connector
+        .with_dbname("postgres")
+        .connect()
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?;
     let driver = tokio::spawn(connection);
@@ -80,10 +87,8 @@ pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_migrations(url: &str) -> anyhow::Result<Vec<String>> {
-    use diesel::connection::{Connection, SimpleConnection};
-    let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::establish(url)
-        .with_context(|| format!("cannot connect to {}", redact(url)))?;
+fn run_migrations(mut conn: AsyncConnectionWrapper<AsyncPgConnection>, url: &str) -> anyhow::Result<Vec<String>> {
+    use diesel::connection::SimpleConnection;
     // The harness creates its table IF NOT EXISTS on every start: no NOTICE about it.
     conn.batch_execute("SET client_min_messages TO warning").context("cannot set client_min_messages")?;
     conn.batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
@@ -124,23 +129,10 @@ fn refuse_unknown(conn: &mut AsyncConnectionWrapper<AsyncPgConnection>, url: &st
     ))
 }
 
-/// `url` with its password replaced, for messages.
+/// `url` without its password, for messages: user, host, port and database.
 #[must_use]
 pub fn redact(url: &str) -> String {
-    match url.parse::<tokio_postgres::Config>() {
-        Ok(c) => {
-            // PostgreSQL's own default when the URL names no port.
-            let port = c.get_ports().first().copied().unwrap_or(5432);
-            let host = match c.get_hosts().first() {
-                Some(tokio_postgres::config::Host::Tcp(s)) if s.contains(':') => format!("[{s}]:{port}"),
-                Some(tokio_postgres::config::Host::Tcp(s)) => format!("{s}:{port}"),
-                Some(tokio_postgres::config::Host::Unix(p)) => format!("{}:{port}", p.display()),
-                None => format!("localhost:{port}"),
-            };
-            format!("postgres://{}@{host}/{}", c.get_user().unwrap_or(""), c.get_dbname().unwrap_or(""))
-        }
-        Err(_) => "<invalid url>".into(),
-    }
+    super::connect::describe(url)
 }
 
 #[derive(diesel::QueryableByName)]

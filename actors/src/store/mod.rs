@@ -17,10 +17,11 @@
 //! | `lookup.rs` | all of them, read-only: one transfer's story, for the operator console |
 //! | `check.rs` | all of them, read-only: the ledger invariants |
 //! | `group_commit.rs` | none of its own: batches the writes of many callers into one transaction |
-//! | `pool.rs`, `migrate.rs` | connections (a pool per stage, its gauges); `__diesel_schema_migrations` |
+//! | `connect.rs`, `tls.rs`, `pool.rs`, `migrate.rs` | connections (TLS per `sslmode`) (a pool per stage, its gauges); `__diesel_schema_migrations` |
 
 pub mod accounts;
 pub mod check;
+pub mod connect;
 pub mod dead_letters;
 pub mod decisions;
 pub mod group_commit;
@@ -32,6 +33,8 @@ pub mod orders;
 pub mod outbox;
 pub mod outbox_parked;
 pub mod pool;
+pub mod tls;
 pub mod transfers;
 
+pub use connect::PgConnector;
 pub use pool::{build_pool, publish_pool_status, PgPool, PoolSettings, PooledConnection};

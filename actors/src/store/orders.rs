@@ -16,7 +16,9 @@ use super::outbox;
 /// A validated order, as received at intake.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OrderRequest {
-    /// The business idempotency key of reception.
+    /// The authenticated API client; empty when the intake does not authenticate.
+    pub client: String,
+    /// The business idempotency key of reception, unique per client.
     pub external_reference: String,
     pub customer_id: String,
     pub amount_cents: i64,
@@ -59,10 +61,11 @@ pub async fn create_order(
                 currency: req.currency.clone(),
                 lines: req.lines.clone(),
                 created_at: Utc::now(),
+                client: req.client.clone(),
             };
             let inserted: Option<Order> = diesel::insert_into(orders::table)
                 .values(&row)
-                .on_conflict(orders::external_reference)
+                .on_conflict((orders::client, orders::external_reference))
                 .do_nothing()
                 .returning(Order::as_returning())
                 .get_result(conn)
@@ -72,6 +75,7 @@ pub async fn create_order(
                 // `lines` is compared by PostgreSQL as JSONB (key order, spacing and number
                 // spelling do not matter), the other fields as stored.
                 let (existing, same_lines): (Order, bool) = orders::table
+                    .filter(orders::client.eq(&req.client))
                     .filter(orders::external_reference.eq(&req.external_reference))
                     .select((Order::as_select(), orders::lines.is_not_distinct_from(req.lines.clone())))
                     .first(conn)

@@ -7,9 +7,10 @@ use std::time::Duration;
 use diesel::ConnectionError;
 use diesel_async::pooled_connection::deadpool::{BuildError, Pool};
 use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures_util::FutureExt;
 
+use super::connect::PgConnector;
 use crate::metrics::Metrics;
 
 pub type PgPool = Pool<AsyncPgConnection>;
@@ -26,11 +27,13 @@ pub struct PoolSettings {
 }
 
 /// Builds the pool. Connections are opened lazily, each on the runtime of the task that
-/// first needs it (which then drives it).
+/// first needs it (which then drives it), with the URL's TLS set-up ([`PgConnector`]).
 ///
 /// # Errors
-/// When the pool cannot be built (an invalid size).
-pub fn build_pool(settings: &PoolSettings) -> Result<PgPool, BuildError> {
+/// When the URL cannot be used (its TLS parameters, the files they name) or the pool
+/// cannot be built (an invalid size).
+pub fn build_pool(settings: &PoolSettings) -> anyhow::Result<PgPool> {
+    let connector = PgConnector::from_url(&settings.url)?;
     let setup_sql = format!(
         "SET statement_timeout = {}; SET application_name = '{}'; SET lock_timeout = {};",
         settings.statement_timeout.as_millis(),
@@ -38,11 +41,11 @@ pub fn build_pool(settings: &PoolSettings) -> Result<PgPool, BuildError> {
         settings.statement_timeout.as_millis(),
     );
     let mut config = ManagerConfig::<AsyncPgConnection>::default();
-    config.custom_setup = Box::new(move |url| {
+    config.custom_setup = Box::new(move |_url| {
         let setup_sql = setup_sql.clone();
-        let url = url.to_owned();
+        let connector = connector.clone();
         async move {
-            let mut conn = AsyncPgConnection::establish(&url).await?;
+            let mut conn = connector.establish().await?;
             conn.batch_execute(&setup_sql).await.map_err(ConnectionError::CouldntSetupConfiguration)?;
             Ok(conn)
         }
@@ -55,6 +58,7 @@ pub fn build_pool(settings: &PoolSettings) -> Result<PgPool, BuildError> {
         .create_timeout(Some(settings.connect_timeout))
         .runtime(deadpool::Runtime::Tokio1)
         .build()
+        .map_err(|e: BuildError| anyhow::anyhow!(e))
 }
 
 /// Publishes the status of `pool` as the `tally_db_pool_*` gauges labelled `name`:

@@ -55,6 +55,9 @@ pub const REQUESTED_KIND: &str = "requested";
 #[derive(Debug, Clone)]
 pub struct Intake {
     pub request: TransferRequest,
+    /// The authenticated API client; empty when the intake does not authenticate.
+    pub client: String,
+    /// Unique per client.
     pub idempotency_key: Option<String>,
     pub traceparent: Option<String>,
 }
@@ -63,9 +66,10 @@ pub struct Intake {
 /// one transaction, honouring each request's idempotency key; answers one [`Created`] per
 /// request, in order. Either every request's outcome is committed or none is.
 ///
-/// Requests of one batch that share an idempotency key are answered as if they had come
-/// one after the other: the first is written (or replays an older transfer), the others
-/// replay it or conflict with it.
+/// An idempotency key is scoped to its client: requests of two clients never meet. Requests
+/// of one batch that share a client and key are answered as if they had come one after the
+/// other: the first is written (or replays an older transfer), the others replay it or
+/// conflict with it.
 ///
 /// # Errors
 /// When the database fails; nothing is written then.
@@ -81,16 +85,16 @@ pub async fn create_transfers(
         async move {
             let now = Utc::now();
             let rows: Vec<Transfer> = batch.iter().map(|intake| new_row(intake, now)).collect();
-            // Only the first request of each key is offered to the insert, in key order:
-            // two batches that share keys then wait on each other in one order, never in a
-            // cycle (a deadlock).
+            // Only the first request of each client's key is offered to the insert, in
+            // (client, key) order: two batches that share keys then wait on each other in
+            // one order, never in a cycle (a deadlock).
             let mut seen = HashSet::new();
             let mut offered: Vec<&Transfer> =
-                rows.iter().filter(|t| t.idempotency_key.as_deref().is_none_or(|k| seen.insert(k))).collect();
-            offered.sort_by(|a, b| a.idempotency_key.cmp(&b.idempotency_key));
+                rows.iter().filter(|t| scoped_key(t).is_none_or(|k| seen.insert(k))).collect();
+            offered.sort_by(|a, b| scoped_key(a).cmp(&scoped_key(b)));
             let mut inserted: HashMap<Uuid, Transfer> = diesel::insert_into(transfers::table)
                 .values(offered)
-                .on_conflict(transfers::idempotency_key)
+                .on_conflict((transfers::client, transfers::idempotency_key))
                 .do_nothing()
                 .returning(Transfer::as_returning())
                 .get_results(conn)
@@ -107,11 +111,10 @@ pub async fn create_transfers(
                     outcomes.push(Created::New(transfer));
                     continue;
                 }
-                // Not inserted: its key is taken, by an older transfer or by this batch's.
-                let existing = row
-                    .idempotency_key
-                    .as_deref()
-                    .and_then(|key| by_key.get(key))
+                // Not inserted: its client's key is taken, by an older transfer or by this
+                // batch's.
+                let existing = scoped_key(row)
+                    .and_then(|(client, key)| by_key.get(&(client.to_owned(), key.to_owned())))
                     .ok_or(diesel::result::Error::NotFound)?;
                 outcomes.push(if intake.request.matches(existing) {
                     Created::Replayed(existing.clone())
@@ -140,25 +143,37 @@ fn new_row(intake: &Intake, now: chrono::DateTime<Utc>) -> Transfer {
         idempotency_key: intake.idempotency_key.clone(),
         created_at: now,
         updated_at: now,
+        client: intake.client.clone(),
     }
 }
 
-/// The transfers holding the idempotency keys of `rows` (committed, or written by this
-/// transaction), by key.
-async fn keyed_transfers(
+/// The idempotency key of `t` with its client, which scopes it; `None` without a key.
+fn scoped_key(t: &Transfer) -> Option<(&str, &str)> {
+    Some((t.client.as_str(), t.idempotency_key.as_deref()?))
+}
+
+/// The transfers holding the (client, idempotency key) pairs of `rows` (committed, or
+/// written by this transaction), by pair.
+async fn keyed_transfers<'r>(
     conn: &mut AsyncPgConnection,
-    rows: impl Iterator<Item = &Transfer>,
-) -> Result<HashMap<String, Transfer>, diesel::result::Error> {
-    let keys: Vec<&str> = rows.filter_map(|t| t.idempotency_key.as_deref()).collect();
+    rows: impl Iterator<Item = &'r Transfer>,
+) -> Result<HashMap<(String, String), Transfer>, diesel::result::Error> {
+    let (clients, keys): (Vec<&str>, Vec<&str>) = rows.filter_map(scoped_key).unzip();
     if keys.is_empty() {
         return Ok(HashMap::new());
     }
+    let wanted: HashSet<(&str, &str)> = clients.iter().copied().zip(keys.iter().copied()).collect();
     let found: Vec<Transfer> = transfers::table
-        .filter(transfers::idempotency_key.eq_any(keys))
+        .filter(transfers::idempotency_key.eq_any(&keys))
+        .filter(transfers::client.eq_any(&clients))
         .select(Transfer::as_select())
         .load(conn)
         .await?;
-    Ok(found.into_iter().filter_map(|t| Some((t.idempotency_key.clone()?, t))).collect())
+    Ok(found
+        .into_iter()
+        .filter(|t| scoped_key(t).is_some_and(|k| wanted.contains(&k)))
+        .filter_map(|t| Some(((t.client.clone(), t.idempotency_key.clone()?), t)))
+        .collect())
 }
 
 /// Adds `transfer`'s `TransferRequested` outbox row to `events`.

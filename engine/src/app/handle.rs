@@ -52,7 +52,7 @@ impl Drop for DaemonHandle {
 pub fn spawn(config: Config, broker: Option<Arc<EmbeddedBroker>>) -> anyhow::Result<DaemonHandle> {
     let listeners = crate::http::Listeners::bind(&config.http)?;
     let expected = migrate::embedded_versions()?;
-    migrate::prepare_blocking(config.database.url.expose())?;
+    migrate::prepare_blocking(&config.database.connect_url())?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::Builder::new()

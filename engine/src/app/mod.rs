@@ -174,8 +174,7 @@ pub async fn start(
             concurrency: config.outbox.concurrency,
         };
         if config.outbox.listen {
-            listener =
-                Some(outbox::spawn_listener(config.database.url.expose().to_owned(), Arc::clone(&wake), listener_rx));
+            listener = Some(outbox::spawn_listener(config.database.connect_url(), Arc::clone(&wake), listener_rx));
         }
         publisher = Some(OutboxPublisher::new(relay, settings, wake).start());
     } else {
@@ -209,6 +208,7 @@ pub async fn start(
         expected_migrations,
         kafka_probe: producer,
         admin_token: config.http.admin_token.clone(),
+        clients: crate::http::auth::IntakeClients::new(&config.http),
         max_balance_cents: config.ledger.max_balance_cents,
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),

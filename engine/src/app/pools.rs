@@ -51,7 +51,7 @@ impl Pools {
 /// `application_name` `tally-<pool>`.
 fn settings(config: &Config, pool: DbPool) -> PoolSettings {
     PoolSettings {
-        url: config.database.url.expose().to_owned(),
+        url: config.database.connect_url(),
         max_size: config.pool_size(pool),
         statement_timeout: config.database.statement_timeout,
         connect_timeout: config.database.connect_timeout,

@@ -160,7 +160,7 @@ impl Target {
     /// # Errors
     /// When the daemon does not start.
     pub fn unwarmed(config: Config, cluster: &Cluster, clients: usize, accounts: usize) -> anyhow::Result<Self> {
-        let url = config.database.url.expose().to_owned();
+        let url = config.database.connect_url();
         let daemon = crate::spawn(config, cluster.embedded())?;
         let intake = format!("http://{}", daemon.intake_addr);
         let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;

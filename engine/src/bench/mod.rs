@@ -223,7 +223,7 @@ pub fn histogram_quantile(text: &str, name: &str, filter: &str, q: f64) -> Optio
 /// # Errors
 /// When PostgreSQL is unreachable.
 pub async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    let (client, conn) = tally_actors::store::PgConnector::from_url(url)?.connect().await?;
     tokio::spawn(conn);
     Ok(client)
 }

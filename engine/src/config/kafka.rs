@@ -35,6 +35,9 @@ pub struct KafkaConfig {
     /// heartbeats). `kafka.consumer."group.protocol"`, librdkafka's name for it, sets it
     /// too.
     pub group_protocol: GroupProtocol,
+    /// A file holding the SASL password (a mounted secret): given to every client as
+    /// `sasl.password`.
+    pub sasl_password_file: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -62,6 +65,7 @@ impl Default for KafkaConfig {
             producer: ClientProperties::default(),
             consumer: ClientProperties::default(),
             group_protocol: GroupProtocol::Classic,
+            sasl_password_file: String::new(),
         }
     }
 }

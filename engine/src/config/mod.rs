@@ -20,6 +20,7 @@ mod consumer;
 mod database;
 mod duration;
 mod example;
+mod files;
 mod http;
 mod instance;
 mod kafka;
@@ -36,7 +37,7 @@ use consumer::validate_group;
 pub use consumer::{ConsumerConfig, PipelinesConfig, RetryConfig};
 pub use database::DatabaseConfig;
 pub use example::example_toml;
-pub use http::HttpConfig;
+pub use http::{HttpConfig, IntakeClientConfig};
 pub use instance::{InstanceConfig, LogConfig, LogFormat};
 pub use kafka::{GroupProtocol, KafkaConfig, TopicsConfig, RECORD_OVERHEAD_BYTES};
 pub use ledger::LedgerConfig;
@@ -123,7 +124,8 @@ impl Config {
     /// # Errors
     /// As [`Config::load`].
     pub fn from_figment(figment: &Figment) -> Result<Self, ConfigError> {
-        let config: Config = figment.extract().map_err(Box::new)?;
+        let mut config: Config = figment.extract().map_err(Box::new)?;
+        config.read_secret_files()?;
         config.validate()?;
         Ok(config)
     }

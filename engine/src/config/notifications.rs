@@ -10,6 +10,11 @@ pub struct NotificationsConfig {
     pub webhook_url: SecretUrl,
     /// HMAC-SHA256 key of the `X-Tally-Signature` header.
     pub webhook_secret: Secret,
+    /// A file holding `webhook_secret` (a mounted secret).
+    pub webhook_secret_file: String,
+    /// PEM file of the roots an `https://` receiver's certificate must chain to; empty:
+    /// the system's roots.
+    pub webhook_root_cert: String,
     #[serde(rename = "timeout_ms", with = "super::duration::ms")]
     pub timeout: Duration,
     pub group_id: String,
@@ -30,6 +35,8 @@ impl Default for NotificationsConfig {
         Self {
             webhook_url: SecretUrl::default(),
             webhook_secret: Secret::default(),
+            webhook_secret_file: String::new(),
+            webhook_root_cert: String::new(),
             timeout: Duration::from_millis(5_000),
             group_id: "tally-notifications".into(),
             retry_initial: Duration::from_millis(1_000),
@@ -42,6 +49,19 @@ impl Default for NotificationsConfig {
 }
 
 impl NotificationsConfig {
+    /// The PEM roots of `webhook_root_cert`, when set.
+    ///
+    /// # Errors
+    /// When the file cannot be read, as a message naming it.
+    pub fn root_certs(&self) -> Result<Option<Vec<u8>>, String> {
+        if self.webhook_root_cert.is_empty() {
+            return Ok(None);
+        }
+        std::fs::read(&self.webhook_root_cert)
+            .map(Some)
+            .map_err(|e| format!("cannot read {}: {e}", self.webhook_root_cert))
+    }
+
     /// The delay of each retry topic, in order.
     #[must_use]
     pub fn delays_ms(&self) -> Vec<u64> {
@@ -57,17 +77,15 @@ impl NotificationsConfig {
 impl NotificationsConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let url = self.webhook_url.expose();
-        // This build has no TLS client: an https:// webhook would fail every delivery and
-        // dead-letter every notification, so it is refused at start instead.
-        if url.starts_with("https://") {
-            return invalid(
-                "notifications.webhook_url",
-                "is https://, and this build has no TLS client: deliver over http:// to a local \
-                 TLS-terminating proxy (or sidecar) that forwards to the receiver",
-            );
+        if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
+            return invalid("notifications.webhook_url", "must be an http:// or https:// URL (or empty to disable)");
         }
-        if !url.is_empty() && !url.starts_with("http://") {
-            return invalid("notifications.webhook_url", "must be an http:// URL (or empty to disable)");
+        match self.root_certs() {
+            Err(e) => return invalid("notifications.webhook_root_cert", e),
+            Ok(Some(pem)) if reqwest::Certificate::from_pem_bundle(&pem).map_or(true, |c| c.is_empty()) => {
+                return invalid("notifications.webhook_root_cert", "holds no PEM certificate");
+            }
+            Ok(_) => {}
         }
         if !url.is_empty() && self.webhook_secret.is_empty() {
             return invalid("notifications.webhook_secret", "must be set when notifications.webhook_url is");

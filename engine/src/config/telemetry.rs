@@ -35,7 +35,7 @@ impl TelemetryConfig {
                     "telemetry.otlp_endpoint",
                     format!(
                         "is {endpoint:?}: it must be the http:// base URL of an OTLP/HTTP collector, such as \
-                         http://127.0.0.1:4318 (this build has no TLS client: send to a local collector), or \
+                         http://127.0.0.1:4318 (traces go to a local collector over plain HTTP), or \
                          empty to export no traces"
                     ),
                 );

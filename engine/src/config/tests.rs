@@ -242,15 +242,18 @@ fn traces_are_off_by_default_and_the_endpoint_is_validated() {
 }
 
 #[test]
-fn an_https_webhook_is_refused_at_start_not_dead_lettered_later() {
+fn webhooks_are_http_or_https_with_readable_roots() {
     let secret = "webhook_secret = \"s\"";
     with(&format!("[notifications]\nwebhook_url = \"http://127.0.0.1:9/hook\"\n{secret}")).unwrap();
-    for bad in ["https://hooks.example/pay", "ftp://x", "hooks.example"] {
+    with(&format!("[notifications]\nwebhook_url = \"https://hooks.example/pay\"\n{secret}")).unwrap();
+    for bad in ["ftp://x", "hooks.example"] {
         let e = with(&format!("[notifications]\nwebhook_url = \"{bad}\"\n{secret}")).unwrap_err().to_string();
         assert!(e.contains("notifications.webhook_url"), "{bad}: {e}");
     }
-    let e = with(&format!("[notifications]\nwebhook_url = \"https://h/p\"\n{secret}")).unwrap_err().to_string();
-    assert!(e.contains("no TLS client"), "{e}");
+    let e = with("[notifications]\nwebhook_root_cert = \"/nonexistent/ca.pem\"").unwrap_err().to_string();
+    assert!(e.contains("notifications.webhook_root_cert") && e.contains("/nonexistent/ca.pem"), "{e}");
+    let e = with("[notifications]\nwebhook_root_cert = \"Cargo.toml\"").unwrap_err().to_string();
+    assert!(e.contains("no PEM certificate"), "{e}");
 }
 
 #[test]
@@ -280,4 +283,92 @@ fn librdkafka_properties_can_come_from_the_environment() {
         assert!(!c.to_redacted_toml().contains("pw-from-env"));
         Ok(())
     });
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure type, not ours
+fn every_secret_can_come_from_a_file_and_none_prints() {
+    figment::Jail::expect_with(|jail| {
+        let digest = "ab".repeat(32);
+        for (file, content) in [
+            ("db-password", "hunter-db\n"),
+            ("admin-token", "hunter-admin"),
+            ("webhook-secret", "hunter-hook\r\n"),
+            ("sasl-password", "hunter-sasl\n"),
+            ("shop-token", digest.as_str()),
+        ] {
+            jail.create_file(file, content)?;
+        }
+        jail.create_file(
+            "tally.toml",
+            "[database]\npassword_file = \"db-password\"\nsslmode = \"require\"\n\
+             [http]\nadmin_token_file = \"admin-token\"\nintake_auth = true\n\
+             [[http.clients]]\nname = \"shop\"\ntoken_sha256_file = \"shop-token\"\n\
+             [notifications]\nwebhook_url = \"http://127.0.0.1:9/hook\"\nwebhook_secret_file = \"webhook-secret\"\n\
+             [kafka]\nsasl_password_file = \"sasl-password\"\n",
+        )?;
+        let c = Config::load(Some(Path::new("tally.toml"))).map_err(|e| e.to_string())?;
+        assert_eq!(c.database.password.expose(), "hunter-db");
+        assert_eq!(c.http.admin_token.expose(), "hunter-admin");
+        assert_eq!(c.notifications.webhook_secret.expose(), "hunter-hook");
+        assert_eq!(c.kafka.producer.get("sasl.password").map(String::as_str), Some("hunter-sasl"));
+        assert_eq!(c.kafka.consumer.get("sasl.password").map(String::as_str), Some("hunter-sasl"));
+        assert_eq!(c.http.clients[0].token_digest(), Some([0xab; 32]));
+        assert_eq!(
+            c.database.connect_url(),
+            "postgres://postgres@127.0.0.1:5432/tally?sslmode=require&password=hunter%2Ddb"
+        );
+        let shown = c.to_redacted_toml();
+        for secret in ["hunter", &digest] {
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(!format!("{c:?}").contains(secret), "{c:?}");
+        }
+        assert!(shown.contains("password_file = \"db-password\""), "the file's name shows: {shown}");
+        assert!(shown.contains("token_sha256 = \"<redacted>\""), "{shown}");
+        Ok(())
+    });
+}
+
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closure type, not ours
+fn a_secret_given_twice_or_from_a_missing_file_is_refused_by_key() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("token", "t")?;
+        for (toml, key) in [
+            ("[http]\nadmin_token = \"x\"\nadmin_token_file = \"token\"", "http.admin_token_file"),
+            ("[http]\nadmin_token_file = \"missing\"", "http.admin_token_file"),
+            ("[database]\npassword_file = \"missing\"", "database.password_file"),
+            (
+                "[kafka]\nsasl_password_file = \"token\"\n[kafka.producer]\n\"sasl.password\" = \"x\"",
+                "kafka.sasl_password_file",
+            ),
+            ("[database]\nurl = \"postgres://u:pw@h/db\"\npassword = \"x\"", "database.password"),
+            ("[database]\nurl = \"postgres://h/db?sslmode=require\"\nsslmode = \"disable\"", "database.sslmode"),
+            ("[database]\nsslmode = \"verify-full\"", "database.sslmode"),
+            ("[database]\nurl = \"postgres://h/db?sslmode=sometimes\"", "database.url"),
+        ] {
+            jail.create_file("tally.toml", toml)?;
+            let e = Config::load(Some(Path::new("tally.toml"))).unwrap_err().to_string();
+            assert!(e.contains(key), "{toml}: {e}");
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn intake_clients_are_validated_by_key() {
+    let digest = "0".repeat(64);
+    let client =
+        |name: &str, digest: &str| format!("[[http.clients]]\nname = \"{name}\"\ntoken_sha256 = \"{digest}\"\n");
+    with(&format!("[http]\nintake_auth = true\n{}", client("shop", &digest))).unwrap();
+    for (toml, key) in [
+        ("[http]\nintake_auth = true".to_owned(), "http.intake_auth"),
+        (client("sh op", &digest), "http.clients.name"),
+        (format!("{}{}", client("shop", &digest), client("shop", &digest)), "http.clients.name"),
+        (client("shop", "not-hex"), "http.clients.token_sha256"),
+        (client("shop", &"0".repeat(63)), "http.clients.token_sha256"),
+    ] {
+        let e = with(&toml).unwrap_err().to_string();
+        assert!(e.contains(key), "{toml}: {e}");
+    }
 }

@@ -121,12 +121,13 @@ fn timeline(story: &TransferStory, topics: &TopicsConfig) -> Vec<Step> {
         stage: "intake",
         topic: None,
         what: format!(
-            "accepted: {}.{:02} {} from {} to {}",
+            "accepted: {}.{:02} {} from {} to {}{}",
             t.amount_cents / 100,
             (t.amount_cents % 100).abs(),
             t.currency,
             t.source_account,
-            t.destination_account
+            t.destination_account,
+            if t.client.is_empty() { String::new() } else { format!(" for client {}", t.client) },
         ),
     }];
     // An outbox row is written in the same transaction as the step that emits its event
@@ -216,6 +217,7 @@ mod tests {
                 idempotency_key: None,
                 created_at: at(0),
                 updated_at: at(40),
+                client: "shop".into(),
             },
             decision: Some(Decision {
                 transfer_id: id,
@@ -294,7 +296,7 @@ mod tests {
         assert_eq!(steps[2].what, "ANALYZED with score 12");
         assert_eq!(steps[1].what, "TransferRequested published");
         assert_eq!(steps[7].what, "delivered (HTTP 200) after 2 attempt(s)");
-        assert_eq!(steps[0].what, "accepted: 5.00 BRL from A to B");
+        assert_eq!(steps[0].what, "accepted: 5.00 BRL from A to B for client shop");
         assert_eq!(steps[4].what, "settled by the ledger");
     }
 

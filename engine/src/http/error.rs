@@ -30,6 +30,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("the admin token is not valid")]
     Forbidden,
+    /// The intake's request carried no valid API client token (`http.intake_auth`).
+    #[error("authentication required: send Authorization: Bearer <API client token>")]
+    ClientUnauthorized,
     #[error("service unavailable: {0}")]
     Unavailable(String),
     /// The write may or may not have committed (the connection was lost during it): retry
@@ -52,7 +55,7 @@ impl ApiError {
             Self::BadRequest(_) => "bad_request",
             Self::NotFound(_) => "not_found",
             Self::Conflict { code, .. } => code,
-            Self::Unauthorized => "unauthorized",
+            Self::Unauthorized | Self::ClientUnauthorized => "unauthorized",
             Self::Forbidden => "forbidden",
             Self::Unavailable(_) => "unavailable",
             Self::OutcomeUnknown(_) => "outcome_unknown",
@@ -70,7 +73,7 @@ impl ResponseError for ApiError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict { .. } => StatusCode::CONFLICT,
-            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized | Self::ClientUnauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) | Self::OutcomeUnknown(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -81,8 +84,11 @@ impl ResponseError for ApiError {
         if let Self::Internal(detail) = self {
             error!(detail, "Internal error while serving a request.");
         }
-        HttpResponse::build(self.status_code())
-            .json(json!({ "error": { "code": self.code(), "message": self.to_string() } }))
+        let mut response = HttpResponse::build(self.status_code());
+        if matches!(self, Self::Unauthorized | Self::ClientUnauthorized) {
+            response.insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        response.json(json!({ "error": { "code": self.code(), "message": self.to_string() } }))
     }
 }
 

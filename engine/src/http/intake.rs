@@ -14,6 +14,7 @@ use tracing::field::{display, Empty};
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::auth::Caller;
 use super::error::ApiError;
 use super::AppState;
 use tally_actors::store::accounts;
@@ -61,6 +62,8 @@ pub struct TransferView {
     currency: String,
     status: String,
     rejection_reason: Option<String>,
+    /// The API client that created it; `null` when the intake did not authenticate it.
+    client: Option<String>,
     created_at: chrono::DateTime<chrono::Utc>,
     updated_at: chrono::DateTime<chrono::Utc>,
 }
@@ -75,6 +78,7 @@ impl From<Transfer> for TransferView {
             currency: t.currency,
             status: t.status,
             rejection_reason: t.rejection_reason,
+            client: Some(t.client).filter(|c| !c.is_empty()),
             created_at: t.created_at,
             updated_at: t.updated_at,
         }
@@ -82,8 +86,9 @@ impl From<Transfer> for TransferView {
 }
 
 /// `POST /transfers`: 201 with the transfer; with `Idempotency-Key`, a replay of the same
-/// request answers 200 with the original and a different request 409. Nothing is written
-/// unless 201. The write shares a transaction with the requests that arrived meanwhile
+/// request by the same client answers 200 with the original and a different request 409
+/// (keys are scoped per API client). Nothing is written unless 201; nothing is read without
+/// a valid client token when the intake authenticates (401). The write shares a transaction with the requests that arrived meanwhile
 /// ([`IntakeBatch`]).
 ///
 /// Runs inside the `http.transfer` span (kind SERVER, status ERROR on a 5xx), the first hop
@@ -91,6 +96,7 @@ impl From<Transfer> for TransferView {
 /// the request's `traceparent` when it has a valid one, else the root of a new trace. The
 /// traceparent stored with the outbox row names this span when traces are exported.
 pub async fn create_transfer(
+    caller: Caller,
     state: web::Data<AppState>,
     req: HttpRequest,
     body: web::Json<CreateTransferBody>,
@@ -110,7 +116,7 @@ pub async fn create_transfer(
         db.system = "postgresql",
     );
     let traceparent = trace::start(&span, super::incoming_traceparent(&req));
-    let result = accept_transfer(state, req, body, traceparent).instrument(span.clone()).await;
+    let result = accept_transfer(caller, state, req, body, traceparent).instrument(span.clone()).await;
     match &result {
         Ok((outcome, id, response)) => {
             span.record("transfer.id", display(id));
@@ -132,6 +138,7 @@ pub async fn create_transfer(
 }
 
 async fn accept_transfer(
+    caller: Caller,
     state: web::Data<AppState>,
     req: HttpRequest,
     body: web::Json<CreateTransferBody>,
@@ -141,7 +148,7 @@ async fn accept_transfer(
     let request = body.into_inner().validate(state.max_balance_cents)?;
     let created = state
         .intake
-        .submit(Intake { request, idempotency_key: key, traceparent: Some(traceparent) })
+        .submit(Intake { request, client: caller.0, idempotency_key: key, traceparent: Some(traceparent) })
         .await
         .map_err(|e| e.answer)?;
     let answer = |outcome, mut response: actix_web::HttpResponseBuilder, t: Transfer| {
@@ -225,11 +232,16 @@ fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_owned()))
 }
 
-/// `GET /transfers/{id}`.
-pub async fn get_transfer(state: web::Data<AppState>, id: web::Path<Uuid>) -> Result<HttpResponse, ApiError> {
+/// `GET /transfers/{id}`: an API client sees its own transfers only.
+pub async fn get_transfer(
+    caller: Caller,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await?;
     let transfer = transfers::find_transfer(&mut conn, *id)
         .await?
+        .filter(|t| caller.may_see(&t.client))
         .ok_or_else(|| ApiError::NotFound(format!("transfer {id} does not exist")))?;
     Ok(HttpResponse::Ok().json(TransferView::from(transfer)))
 }
@@ -258,6 +270,7 @@ impl From<Account> for AccountView {
 
 /// `POST /accounts`: 201 with the account; 409 when the id exists.
 pub async fn create_account(
+    _caller: Caller,
     state: web::Data<AppState>,
     body: web::Json<CreateAccountBody>,
 ) -> Result<HttpResponse, ApiError> {
@@ -319,6 +332,7 @@ pub struct AccountDetail {
 
 /// `GET /accounts/{id}?limit=&before=`: balance and postings, newest first.
 pub async fn get_account(
+    _caller: Caller,
     state: web::Data<AppState>,
     id: web::Path<String>,
     query: web::Query<PostingsQuery>,

@@ -40,6 +40,8 @@ pub struct AppState {
     /// A client used to fetch Kafka metadata for `/readyz`.
     pub kafka_probe: FutureProducer,
     pub admin_token: Secret,
+    /// The intake's API clients (`http.clients`, `http.intake_auth`).
+    pub clients: auth::IntakeClients,
     /// The ceiling of balances and amounts (`ledger.max_balance_cents`).
     pub max_balance_cents: i64,
     /// Kafka bootstrap servers and settings, for admin operations (DLT browsing, replay).

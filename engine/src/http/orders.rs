@@ -10,6 +10,7 @@ use tally_schema::values::{check_json_text, parse_amount, parse_text};
 use tally_schema::Currency;
 use uuid::Uuid;
 
+use super::auth::Caller;
 use super::error::ApiError;
 use super::AppState;
 use tally_actors::store::orders::{self, OrderIntake, OrderRequest};
@@ -27,7 +28,7 @@ pub struct CreateOrderBody {
 }
 
 impl CreateOrderBody {
-    fn validate(self) -> Result<OrderRequest, ApiError> {
+    fn validate(self, client: String) -> Result<OrderRequest, ApiError> {
         let external_reference = parse_text("externalReference", &self.external_reference, EXTERNAL_REFERENCE_MAX)?;
         let customer_id = parse_text("customerId", &self.customer_id, CUSTOMER_ID_MAX)?;
         let amount_cents = parse_amount("amountCents", &self.amount_cents)?;
@@ -40,7 +41,14 @@ impl CreateOrderBody {
             }
             Some(_) => return Err(ApiError::Validation("lines must be a JSON array when given".into())),
         };
-        Ok(OrderRequest { external_reference, customer_id, amount_cents, currency: currency.to_string(), lines })
+        Ok(OrderRequest {
+            client,
+            external_reference,
+            customer_id,
+            amount_cents,
+            currency: currency.to_string(),
+            lines,
+        })
     }
 }
 
@@ -54,6 +62,8 @@ pub struct OrderView {
     currency: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     lines: Option<serde_json::Value>,
+    /// The API client that created it; `null` when the intake did not authenticate it.
+    client: Option<String>,
     created_at: chrono::DateTime<chrono::Utc>,
 }
 
@@ -66,6 +76,7 @@ impl From<Order> for OrderView {
             amount_cents: o.amount_cents,
             currency: o.currency,
             lines: o.lines,
+            client: Some(o.client).filter(|c| !c.is_empty()),
             created_at: o.created_at,
         }
     }
@@ -73,13 +84,15 @@ impl From<Order> for OrderView {
 
 /// `POST /orders`: 201 with the order and its `OrderReceived` queued in the outbox; a
 /// repeat of the same request with the same `externalReference` answers 200 with the
-/// existing order, a different request 409. Nothing is written unless 201.
+/// existing order, a different request 409 (references are scoped per API client).
+/// Nothing is written unless 201.
 pub async fn create_order(
+    caller: Caller,
     state: web::Data<AppState>,
     req: HttpRequest,
     body: web::Json<CreateOrderBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = body.into_inner().validate()?;
+    let request = body.into_inner().validate(caller.0)?;
     let traceparent = super::traceparent(&req);
     let mut conn = state.pool.get().await?;
     let intake = orders::create_order(&mut conn, &request, &state.topics.orders_received, Some(traceparent)).await?;
@@ -97,11 +110,16 @@ pub async fn create_order(
     }
 }
 
-/// `GET /orders/{id}`.
-pub async fn get_order(state: web::Data<AppState>, id: web::Path<Uuid>) -> Result<HttpResponse, ApiError> {
+/// `GET /orders/{id}`: an API client sees its own orders only.
+pub async fn get_order(
+    caller: Caller,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await?;
     let order = orders::find_order(&mut conn, *id)
         .await?
+        .filter(|o| caller.may_see(&o.client))
         .ok_or_else(|| ApiError::NotFound(format!("order {id} does not exist")))?;
     Ok(HttpResponse::Ok().json(OrderView::from(order)))
 }
@@ -112,7 +130,7 @@ mod tests {
 
     fn body(json: serde_json::Value) -> Result<OrderRequest, String> {
         let body: CreateOrderBody = serde_json::from_value(json).map_err(|e| e.to_string())?;
-        body.validate().map_err(|e| e.to_string())
+        body.validate(String::new()).map_err(|e| e.to_string())
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod outage;
 mod outbox;
 mod pools;
 mod rebalance;
+mod security;
 mod server;
 mod stuck;
 mod supervision;

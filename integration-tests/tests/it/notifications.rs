@@ -484,6 +484,7 @@ fn start_notifier(db: &tally_integration_tests::TestDb, bootstrap: &str, url: &s
     let settings = tally_actors::notify::NotifierSettings {
         webhook_url: url.to_owned(),
         secret: SECRET.to_owned(),
+        root_certs: None,
         timeout: Duration::from_secs(5),
         delays_ms: vec![1_000],
         database_wait: Duration::from_secs(5),
@@ -617,3 +618,58 @@ async fn a_transfer_refused_again_by_the_ledger_is_notified_once() {
 }
 
 under_both_protocols!(pause_stops_progress_and_lag_grows_then_resume_drains,);
+
+/// An https:// receiver whose certificate a test authority signed: delivered (and signed)
+/// when `webhook_root_cert` names that authority, refused (dead-lettered, nothing received)
+/// with the system's roots, which do not know it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_go_over_https_to_receivers_the_roots_trust() {
+    use tally_integration_tests::tls::{path_str, server_config, TestCa};
+    let ca = TestCa::new("tally test CA");
+    let receiver = WebhookReceiver::start_tls(|_, _| 200, server_config(&ca.sign(&["localhost"]))).await;
+    assert!(receiver.url.starts_with("https://localhost:"), "{}", receiver.url);
+
+    let env = TestEnv::new().await;
+    let app = env
+        .spawn(|c| {
+            notify_config(&receiver.url)(c);
+            c.notifications.webhook_root_cert = path_str(&ca.cert_path());
+        })
+        .await;
+    let (event, _) = settled(&producer(env.bootstrap()), "H-A").await;
+    let calls = wait_until("delivered over https", Deadline::DEFAULT, || async {
+        let calls = receiver.calls();
+        if calls.is_empty() {
+            Err("no call".into())
+        } else {
+            Ok(calls)
+        }
+    })
+    .await;
+    assert_eq!(serde_json::from_slice::<Value>(&calls[0].body).expect("json"), event);
+    assert_signed(&calls[0]);
+    app.stop().await;
+
+    // The system's roots: the receiver's certificate is refused, and nothing reaches it.
+    let untrusted = TestEnv::new().await;
+    let _app = untrusted
+        .spawn(|c| {
+            notify_config(&receiver.url)(c);
+            c.notifications.max_attempts = 1;
+        })
+        .await;
+    let (event, _) = settled(&producer(untrusted.bootstrap()), "H-B").await;
+    let dlt = wait_until("dead-lettered", Deadline::DEFAULT, || async {
+        let r = read_topic(untrusted.bootstrap(), "transfers.settled-dlt", Deadline::secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.is_empty() {
+            Err("empty DLT".into())
+        } else {
+            Ok(r)
+        }
+    })
+    .await;
+    assert_eq!(dlt[0].payload_json(), event);
+    assert_eq!(receiver.calls().len(), 1, "only the trusted daemon's call arrived");
+}

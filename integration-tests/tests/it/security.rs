@@ -1,0 +1,230 @@
+//! Security: PostgreSQL over TLS (each `sslmode` against the local server, which has
+//! `ssl = on` with its own certificate), and the intake's API clients (bearer tokens
+//! stored hashed, idempotency scoped per client).
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tally_engine::config::{IntakeClientConfig, Secret, SecretUrl};
+use tally_integration_tests::tls::TestCa;
+use tally_integration_tests::{assert_error, json_body, TestApp, TestDb, TestEnv};
+
+/// The local server's certificate, as its own root (it is self-signed), after checking
+/// that the server speaks TLS at all.
+async fn server_certificate(db: &TestDb) -> String {
+    let ssl: String = db.query("SHOW ssl", &[]).await[0].get(0);
+    assert_eq!(ssl, "on", "the test PostgreSQL must have ssl = on (Debian's default, with its snakeoil certificate)");
+    db.query("SHOW ssl_cert_file", &[]).await[0].get(0)
+}
+
+/// `url` with `params` appended to its query.
+fn with_params(url: &str, params: &str) -> String {
+    format!("{url}{}{params}", if url.contains('?') { '&' } else { '?' })
+}
+
+/// `(application_name, ssl)` of every connection to the test database but the harness's.
+async fn tally_connections(db: &TestDb) -> Vec<(String, bool)> {
+    db.query(
+        "SELECT a.application_name, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s ON s.pid = a.pid \
+         WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() AND a.application_name LIKE 'tally-%' \
+         ORDER BY 1",
+        &[],
+    )
+    .await
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+fn transfer(amount: i64) -> Value {
+    json!({ "sourceAccount": "acc-a", "destinationAccount": "acc-b", "amountCents": amount, "currency": "BRL" })
+}
+
+/// Posts a transfer and waits until its outbox row is published: the intake's pool, the
+/// outbox's pool and its LISTEN connection have all been used.
+async fn use_every_connection(env: &TestEnv, app: &TestApp) {
+    let res = app.post_json("/transfers", &transfer(100)).await;
+    assert_eq!(res.status(), StatusCode::CREATED, "POST /transfers");
+    env.db.wait_outbox_published().await;
+}
+
+// Broker: embedded mock cluster. Database: the local server, over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_and_verify_ca_encrypt_every_connection_of_the_daemon() {
+    let env = TestEnv::new().await;
+    let root = server_certificate(&env.db).await;
+    for (case, params) in [
+        ("require", "sslmode=require".to_owned()),
+        ("verify-ca", format!("sslmode=verify-ca&sslrootcert={root}")),
+        // The certificate names `localhost`: verify-full passes with that host name.
+        ("verify-full", format!("sslmode=verify-full&sslrootcert={root}")),
+    ] {
+        let mut url = with_params(env.db.url(), &params);
+        if case == "verify-full" {
+            url = url.replace("127.0.0.1", "localhost");
+        }
+        // The migrations run on it at start.
+        let app = env.spawn(|c| c.database.url = SecretUrl::new(&url)).await;
+        use_every_connection(&env, &app).await;
+        let connections = tally_connections(&env.db).await;
+        let names: Vec<&str> = connections.iter().map(|(n, _)| n.as_str()).collect();
+        for wanted in ["tally-intake", "tally-outbox", "tally-outbox-listen"] {
+            assert!(names.contains(&wanted), "{case}: no {wanted} connection among {connections:?}");
+        }
+        assert!(connections.iter().all(|(_, ssl)| *ssl), "{case}: a connection without TLS: {connections:?}");
+        app.stop().await;
+    }
+}
+
+// Broker: embedded mock cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_disable_connects_in_the_clear() {
+    let env = TestEnv::new().await;
+    let url = with_params(env.db.url(), "sslmode=disable");
+    let app = env.spawn(|c| c.database.url = SecretUrl::new(&url)).await;
+    use_every_connection(&env, &app).await;
+    let connections = tally_connections(&env.db).await;
+    assert!(!connections.is_empty());
+    assert!(connections.iter().all(|(_, ssl)| !*ssl), "sslmode=disable: {connections:?}");
+}
+
+// Database: the local server; no daemon, the migrations' connection alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_that_fails_the_check_is_refused() {
+    let db = TestDb::new().await;
+    let root = server_certificate(&db).await;
+    let migrate = |url: String| async move {
+        tokio::task::spawn_blocking(move || tally_actors::store::migrate::prepare_blocking(&url))
+            .await
+            .expect("migration thread")
+            .map_err(|e| format!("{e:#}"))
+    };
+    migrate(with_params(db.url(), &format!("sslmode=verify-ca&sslrootcert={root}"))).await.expect("verify-ca");
+    // The certificate names `localhost`, not `127.0.0.1`.
+    let e = migrate(with_params(db.url(), &format!("sslmode=verify-full&sslrootcert={root}"))).await.unwrap_err();
+    assert!(e.contains("not valid for name") || e.contains("NotValidForName"), "verify-full by address: {e}");
+    // A root that did not sign it.
+    let other = TestCa::new("another authority");
+    let e = migrate(with_params(db.url(), &format!("sslmode=verify-ca&sslrootcert={}", other.cert_path().display())))
+        .await
+        .unwrap_err();
+    assert!(e.to_lowercase().contains("unknown issuer") || e.contains("UnknownIssuer"), "a foreign root: {e}");
+}
+
+fn client(name: &str, token: &str) -> IntakeClientConfig {
+    IntakeClientConfig {
+        name: name.into(),
+        token_sha256: Secret::new(hex::encode(Sha256::digest(token.as_bytes()))),
+        token_sha256_file: String::new(),
+    }
+}
+
+async fn post_as(app: &TestApp, token: Option<&str>, key: &str, body: &Value) -> reqwest::Response {
+    let mut request =
+        app.client.post(format!("{}/transfers", app.intake_url)).header("Idempotency-Key", key).json(body);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    app.send(request).await
+}
+
+// Broker: embedded mock cluster (publisher off: the test is about HTTP and rows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_authenticated_intake_refuses_requests_without_a_client_token_and_writes_nothing() {
+    let env = TestEnv::new().await;
+    let app = env
+        .spawn(|c| {
+            c.pipelines.outbox = false;
+            c.http.intake_auth = true;
+            c.http.clients = vec![client("shop", "shop-token"), client("market", "market-token")];
+        })
+        .await;
+    for (case, token) in [("no token", None), ("a token no client has", Some("guess")), ("empty", Some(""))] {
+        let res = post_as(&app, token, "k-1", &transfer(100)).await;
+        assert_eq!(res.headers().get("www-authenticate").map(|v| v.to_str().ok()), Some(Some("Bearer")), "{case}");
+        assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized", case).await;
+        let mut order = app.client.post(format!("{}/orders", app.intake_url)).json(&json!({
+            "externalReference": "EXT-1", "customerId": "C-1", "amountCents": 10, "currency": "BRL"
+        }));
+        if let Some(token) = token {
+            order = order.bearer_auth(token);
+        }
+        assert_error(app.send(order).await, StatusCode::UNAUTHORIZED, "unauthorized", case).await;
+        let account =
+            app.post_json("/accounts", &json!({"id": "acc-z", "currency": "BRL", "initialBalanceCents": 1})).await;
+        assert_error(account, StatusCode::UNAUTHORIZED, "unauthorized", case).await;
+    }
+    for table in ["transfers", "outbox_events", "orders", "accounts"] {
+        assert_eq!(env.db.count(table).await, 0, "{table} rows after refused requests");
+    }
+
+    let res = post_as(&app, Some("shop-token"), "k-1", &transfer(100)).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let created = json_body(res).await;
+    assert_eq!(created["client"], "shop");
+    let id = created["id"].as_str().expect("an id").to_owned();
+    let shown = app.send(app.client.get(format!("{}/transfers/{id}", app.intake_url)).bearer_auth("shop-token")).await;
+    assert_eq!(json_body(shown).await["client"], "shop", "GET /transfers/{{id}} names the client");
+    let other =
+        app.send(app.client.get(format!("{}/transfers/{id}", app.intake_url)).bearer_auth("market-token")).await;
+    assert_eq!(other.status(), StatusCode::NOT_FOUND, "a client sees its own transfers only");
+    let anonymous = app.get(&format!("/transfers/{id}")).await;
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    let row: String = env.db.query("SELECT client FROM transfers", &[]).await[0].get(0);
+    assert_eq!(row, "shop");
+}
+
+// Broker: embedded mock cluster (publisher off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_are_scoped_per_client() {
+    let env = TestEnv::new().await;
+    let app = env
+        .spawn(|c| {
+            c.pipelines.outbox = false;
+            c.http.admin_token = Secret::new("admin-token");
+            c.http.clients = vec![client("shop", "shop-token"), client("market", "market-token")];
+        })
+        .await;
+    let shop = json_body(post_as(&app, Some("shop-token"), "same-key", &transfer(100)).await).await;
+    // The same key from another client is another transfer, even with another body.
+    let res = post_as(&app, Some("market-token"), "same-key", &transfer(200)).await;
+    assert_eq!(res.status(), StatusCode::CREATED, "another client's key does not conflict");
+    let market = json_body(res).await;
+    assert_ne!(market["id"], shop["id"]);
+    assert_eq!(market["client"], "market");
+    // Anonymous (intake_auth off): a third scope.
+    let res = post_as(&app, None, "same-key", &transfer(300)).await;
+    assert_eq!(res.status(), StatusCode::CREATED, "an anonymous request has its own scope");
+    assert_eq!(json_body(res).await["client"], Value::Null);
+    // Within a client, a replay answers the original and a different request conflicts.
+    let res = post_as(&app, Some("shop-token"), "same-key", &transfer(100)).await;
+    assert_eq!(res.status(), StatusCode::OK, "a replay by the same client");
+    assert_eq!(json_body(res).await, shop);
+    let res = post_as(&app, Some("market-token"), "same-key", &transfer(100)).await;
+    assert_error(res, StatusCode::CONFLICT, "idempotency_key_conflict", "market, different amount").await;
+    // A token no client has is refused even though anonymous requests are allowed.
+    let res = post_as(&app, Some("guess"), "other-key", &transfer(100)).await;
+    assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized", "a wrong token").await;
+    assert_eq!(env.db.count("transfers").await, 3);
+    assert_eq!(env.db.count("outbox_events").await, 3);
+
+    // The console's timeline says which client asked.
+    let id = shop["id"].as_str().expect("an id");
+    let story =
+        app.send(app.client.get(format!("{}/admin/transfers/{id}", app.admin_url)).bearer_auth("admin-token")).await;
+    let story = json_body(story).await;
+    assert_eq!(story["transfer"]["client"], "shop");
+    let steps = story["timeline"].as_array().expect("a timeline");
+    let accepted =
+        steps.iter().find(|s| s["stage"] == "intake").and_then(|s| s["what"].as_str()).expect("an intake step");
+    assert!(accepted.ends_with("for client shop"), "{accepted}");
+
+    // Orders: the same external reference from two clients is two orders.
+    let order = json!({ "externalReference": "EXT-1", "customerId": "C-1", "amountCents": 10, "currency": "BRL" });
+    for token in ["shop-token", "market-token"] {
+        let res = app.send(app.client.post(format!("{}/orders", app.intake_url)).bearer_auth(token).json(&order)).await;
+        assert_eq!(res.status(), StatusCode::CREATED, "{token}");
+    }
+    assert_eq!(env.db.count("orders").await, 2);
+}
