@@ -131,6 +131,8 @@ pub fn describe(url: &str) -> String {
         None => String::new(),
     };
     let port = c.get_ports().first().copied().unwrap_or(5432);
+    // An IPv6 address is written in brackets, so that its port stays readable.
+    let host = if host.contains(':') { format!("[{host}]") } else { host };
     format!("postgres://{}@{host}:{port}/{}", c.get_user().unwrap_or(""), c.get_dbname().unwrap_or(""))
 }
 
