@@ -111,7 +111,9 @@ impl Notifier {
         metrics: Metrics,
         settings: NotifierSettings,
     ) -> Result<Self, reqwest::Error> {
-        let mut http = reqwest::Client::builder().timeout(settings.timeout);
+        // No redirects: a 307/308 would POST the signed body again, possibly to another
+        // host or over plain http.
+        let mut http = reqwest::Client::builder().timeout(settings.timeout).redirect(reqwest::redirect::Policy::none());
         if let Some(pem) = &settings.root_certs {
             http = http.tls_built_in_root_certs(false);
             for root in reqwest::Certificate::from_pem_bundle(pem)? {

@@ -200,7 +200,20 @@ impl TlsParams {
                 self.mode()
             ))),
             ("verify-full", Some(_)) => Ok(Verify::ChainAndName),
+            // Any certificate a public authority issued, for any name, would pass: as libpq
+            // (16+), the system's roots go with verify-full only.
+            ("verify-ca" | "require", Some(root)) if root == "system" => Err(bad(format!(
+                "sslrootcert=system needs sslmode verify-full (with {}, any publicly issued certificate would pass)",
+                self.mode()
+            ))),
             ("verify-ca" | "require", Some(_)) => Ok(Verify::Chain),
+            // Roots given but a mode that would check nothing (and fall back to plain text):
+            // say so rather than let an operator believe the server is verified.
+            ("prefer" | "disable", Some(_)) => Err(bad(format!(
+                "sslrootcert is set but sslmode is {}, which checks no certificate: set sslmode to verify-full \
+                 (or verify-ca)",
+                self.mode()
+            ))),
             _ => Ok(Verify::Nothing),
         }
     }
@@ -266,12 +279,23 @@ mod tests {
         for (url, verify) in [
             ("postgres://h/db", Verify::Nothing),
             ("postgres://h/db?sslmode=require", Verify::Nothing),
-            ("postgres://h/db?sslmode=require&sslrootcert=system", Verify::Chain),
-            ("postgres://h/db?sslmode=verify-ca&sslrootcert=system", Verify::Chain),
+            ("postgres://h/db?sslmode=require&sslrootcert=/ca.pem", Verify::Chain),
+            ("postgres://h/db?sslmode=verify-ca&sslrootcert=/ca.pem", Verify::Chain),
             ("postgres://h/db?sslmode=verify-full&sslrootcert=system", Verify::ChainAndName),
         ] {
             let (_, p) = TlsParams::take(url).unwrap();
             assert_eq!(p.verify().unwrap(), verify, "{url}");
+        }
+        // The system's roots vouch for any publicly issued name: verify-full only. Roots
+        // with a mode that checks nothing are refused rather than ignored.
+        for url in [
+            "postgres://h/db?sslmode=require&sslrootcert=system",
+            "postgres://h/db?sslmode=verify-ca&sslrootcert=system",
+            "postgres://h/db?sslrootcert=/ca.pem",
+            "postgres://h/db?sslmode=disable&sslrootcert=/ca.pem",
+        ] {
+            let (_, p) = TlsParams::take(url).unwrap();
+            assert!(p.verify().is_err(), "{url}");
         }
         let e = PgConnector::from_url("postgres://h/db?sslmode=verify-full").unwrap_err().to_string();
         assert!(e.contains("needs sslrootcert"), "{e}");

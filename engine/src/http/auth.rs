@@ -112,10 +112,12 @@ fn identify(req: &HttpRequest) -> Result<Caller, ApiError> {
 }
 
 impl Caller {
-    /// Whether this caller may see a record created by `client`: an API client sees its
-    /// own records only; an anonymous caller (no authentication) sees every record.
+    /// Whether this caller may see a record created by `client`: each caller sees its own
+    /// records only, and an anonymous caller (no token, with `intake_auth` off) those made
+    /// without one. (Seeing every record, it could read any client's transfers by the ids
+    /// that `GET /accounts/{id}` lists.)
     #[must_use]
     pub fn may_see(&self, client: &str) -> bool {
-        self.0.is_empty() || self.0 == client
+        self.0 == client
     }
 }
