@@ -198,15 +198,7 @@ async fn a_settled_transfer_produces_one_signed_post() {
         )
         .await;
     let transfer = json_body(res).await;
-    let calls = wait_until("the settled notification", Deadline::DEFAULT, || async {
-        let calls = receiver.calls();
-        if calls.is_empty() {
-            Err("no call".into())
-        } else {
-            Ok(calls)
-        }
-    })
-    .await;
+    let calls = first_calls(&receiver, "the settled notification").await;
     tokio::time::sleep(Duration::from_millis(500)).await; // would a second POST arrive?
     let calls = if receiver.calls().len() > calls.len() { receiver.calls() } else { calls };
     assert_eq!(calls.len(), 1, "one POST");
@@ -230,15 +222,7 @@ async fn a_webhook_url_with_credentials_is_called_with_them() {
     let (env, app) = spawn_app(notify_config(&url)).await;
     assert!(!app.config.to_redacted_toml().contains("hook-pa55word"), "the configuration shows the password");
     let (event, _) = settled(&producer(env.bootstrap()), "N-CRED").await;
-    let calls = wait_until("the notification", Deadline::DEFAULT, || async {
-        let calls = receiver.calls();
-        if calls.is_empty() {
-            Err("no call".to_owned())
-        } else {
-            Ok(calls)
-        }
-    })
-    .await;
+    let calls = first_calls(&receiver, "the notification").await;
     assert_eq!(event_id(&calls[0]), event["eventId"].as_str().expect("id"));
     assert_eq!(calls[0].request, "POST /hook?token=hook-t0ken&x=1", "the path and query as configured");
     // Basic base64("hook-user:hook-pa55word"): the userinfo goes as HTTP basic auth.
@@ -637,15 +621,7 @@ async fn webhooks_go_over_https_to_receivers_the_roots_trust() {
         })
         .await;
     let (event, _) = settled(&producer(env.bootstrap()), "H-A").await;
-    let calls = wait_until("delivered over https", Deadline::DEFAULT, || async {
-        let calls = receiver.calls();
-        if calls.is_empty() {
-            Err("no call".into())
-        } else {
-            Ok(calls)
-        }
-    })
-    .await;
+    let calls = first_calls(&receiver, "delivered over https").await;
     assert_eq!(serde_json::from_slice::<Value>(&calls[0].body).expect("json"), event);
     assert_signed(&calls[0]);
     app.stop().await;
@@ -672,4 +648,18 @@ async fn webhooks_go_over_https_to_receivers_the_roots_trust() {
     .await;
     assert_eq!(dlt[0].payload_json(), event);
     assert_eq!(receiver.calls().len(), 1, "only the trusted daemon's call arrived");
+}
+
+/// Waits (the default deadline, as `what`) until `receiver` got at least one call; every
+/// call so far.
+async fn first_calls(receiver: &WebhookReceiver, what: &str) -> Vec<tally_integration_tests::ReceivedCall> {
+    wait_until(what, Deadline::DEFAULT, || async {
+        let calls = receiver.calls();
+        if calls.is_empty() {
+            Err("no call".to_owned())
+        } else {
+            Ok(calls)
+        }
+    })
+    .await
 }
