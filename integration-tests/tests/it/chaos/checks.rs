@@ -262,22 +262,14 @@ fn outcomes_agree(stored: &HashMap<Uuid, Stored>, decisions: &HashMap<Uuid, Stri
     Check { name: "status, stored decision and outcome event agree", checked: stored.len(), violations }
 }
 
-/// The consumer groups of tally that read `topic` (default configuration).
+/// The consumer groups of tally that read `topic` (default configuration): those whose
+/// offsets are checked, and antifraud.
 fn consumers_of(topic: &str) -> Vec<String> {
     let c = tally_engine::Config::default();
-    let t = &c.kafka.topics;
-    let mut groups = Vec::new();
-    if topic == t.transfers_requested {
-        groups.push(c.antifraud.group_id.clone());
-    }
-    if topic == t.transfers_analyzed {
-        groups.push(c.ledger.group_id.clone());
-    }
-    if topic == t.transfers_settled || topic == t.transfers_rejected {
-        groups.extend([c.projection.group_id.clone(), c.notifications.group_id.clone()]);
-    }
-    if topic == t.orders_received {
-        groups.push(c.orders.group_id.clone());
+    let mut groups: Vec<String> =
+        offsets::groups().into_iter().filter(|(_, topics)| topics.iter().any(|t| t == topic)).map(|(g, _)| g).collect();
+    if topic == c.kafka.topics.transfers_requested {
+        groups.push(c.antifraud.group_id);
     }
     groups
 }

@@ -16,7 +16,7 @@ use super::checks::Check;
 /// is not among them: it commits its offsets inside its transactions, and the embedded
 /// broker answers `TxnOffsetCommit` without storing the offsets (its output is checked
 /// instead: one decision per transfer).
-fn groups() -> Vec<(String, Vec<String>)> {
+pub(super) fn groups() -> Vec<(String, Vec<String>)> {
     let c = tally_engine::Config::default();
     let t = &c.kafka.topics;
     let outcomes = vec![t.transfers_settled.clone(), t.transfers_rejected.clone()];
