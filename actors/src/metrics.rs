@@ -118,7 +118,7 @@ metrics! {
     consumer_lag: IntGaugeVec = "Records between the committed offset and the end of the partition (0 from its assignment until \
                      librdkafka's first statistics of it).", labels ["pipeline", "partition"];
     inflight: IntGaugeVec = "Records received and not yet below the committed watermark, per partition.", labels ["pipeline", "partition"];
-    live_actors: IntGaugeVec = "Live keyed worker actors (e.g. account ledgers), by pipeline.", labels ["pipeline"];
+    live_actors: IntGaugeVec = "Live keyed worker actors (the ledger: one per source account), by pipeline.", labels ["pipeline"];
     oldest_inflight_age_seconds: GaugeVec = "Age of the oldest unfinished record, by pipeline (a key stuck in retry shows here).", labels ["pipeline"];
     handler_seconds: HistogramVec = "Time to handle one record, retries included, by pipeline.", labels ["pipeline"], buckets LATENCY_BUCKETS;
     group_commit_batch_size: HistogramVec = "Items written per transaction of a group commit, by writes (intake, projection, \

@@ -12,8 +12,8 @@ pub mod config;
 pub use tally_actors::dlt;
 pub mod http;
 pub mod kafka;
-pub mod pipelines;
 pub mod sd_notify;
+pub mod stages;
 pub mod status;
 pub mod telemetry;
 

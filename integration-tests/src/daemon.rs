@@ -93,23 +93,20 @@ impl TestEnv {
 /// several daemons at once on one PostgreSQL. The outbox's follows `outbox.concurrency`.
 #[must_use]
 pub fn test_pools() -> PoolsConfig {
-    PoolsConfig {
-        http: Some(4),
-        intake: None,
-        outbox: None,
-        ledger: Some(4),
-        antifraud: Some(2),
-        projection: Some(3),
-        orders: Some(2),
-        notifications: Some(3),
+    let mut pools = PoolsConfig::default();
+    for (name, size) in
+        [("http", 4), ("ledger", 4), ("antifraud", 2), ("projection", 3), ("orders", 2), ("notifications", 3)]
+    {
+        pools.set(DbPool::named(name), size);
     }
+    pools
 }
 
 /// [`test_pools`] as `TALLY__DATABASE__POOLS__*` variables, for `tally run` children.
 #[must_use]
 pub fn test_pools_env() -> Vec<(String, String)> {
     let pools = test_pools();
-    DbPool::ALL
+    DbPool::all()
         .into_iter()
         .filter_map(|p| {
             pools.get(p).map(|n| (format!("TALLY__DATABASE__POOLS__{}", p.name().to_uppercase()), n.to_string()))
@@ -120,16 +117,8 @@ pub fn test_pools_env() -> Vec<(String, String)> {
 /// Runs only the pipelines named in `names` (`outbox`, `ledger`, `antifraud`,
 /// `projection`, `orders`, `notifications`); every other one is turned off.
 pub fn run_only(c: &mut Config, names: &[&str]) {
-    let p = &mut c.pipelines;
-    for (name, on) in [
-        ("outbox", &mut p.outbox),
-        ("ledger", &mut p.ledger),
-        ("antifraud", &mut p.antifraud),
-        ("projection", &mut p.projection),
-        ("orders", &mut p.orders),
-        ("notifications", &mut p.notifications),
-    ] {
-        *on = names.contains(&name);
+    for name in tally_engine::config::PipelinesConfig::names() {
+        c.pipelines.set(name, names.contains(&name));
     }
 }
 

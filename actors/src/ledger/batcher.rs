@@ -213,8 +213,8 @@ impl Actor for SettlementBatcher {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        // Every account ledger has at most one transfer in flight: the mailbox holds at
-        // most one request per live account actor.
+        // Every keyed worker has at most one transfer in flight: the mailbox holds at
+        // most one request per live keyed worker.
         ctx.set_mailbox_capacity(100_000);
     }
 }

@@ -1,11 +1,11 @@
-//! The ledger pipeline: `transfers.analyzed` -> per-account ledgers ->
+//! The ledger pipeline: `transfers.analyzed` -> keyed workers (one per source account) ->
 //! group-committed settlement -> outbox (`transfers.settled` / `transfers.rejected`).
 
 mod batcher;
 pub mod plan;
 mod settle;
 
-pub use crate::store::check;
+pub use crate::store::invariants;
 
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ use crate::supervise::{HandlerError, RecordHandler};
 use crate::trace;
 
 /// The ledger's record handler: one instance, shared by every account's
-/// [`crate::consume::KeyedWorker`] (the per-account actor, keyed by source account), which
+/// [`crate::consume::KeyedWorker`] (keyed by source account), which
 /// calls it one record at a time. It decodes the `TransferAnalyzed` (poison when it cannot
 /// be), then settles it through the batcher.
 pub struct LedgerHandler {

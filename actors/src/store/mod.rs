@@ -15,17 +15,17 @@
 //! | `dead_letters.rs` | `dead_letters` |
 //! | `heartbeats.rs` | `heartbeats` (the dependency probe of each stage) |
 //! | `lookup.rs` | all of them, read-only: one transfer's story, for the operator console |
-//! | `check.rs` | all of them, read-only: the ledger invariants |
+//! | `invariants.rs` | all of them, read-only: the ledger invariants |
 //! | `group_commit.rs` | none of its own: batches the writes of many callers into one transaction |
 //! | `connect.rs`, `tls.rs`, `pool.rs`, `migrate.rs` | connections (TLS per `sslmode`) (a pool per stage, its gauges); `__diesel_schema_migrations` |
 
 pub mod accounts;
-pub mod check;
 pub mod connect;
 pub mod dead_letters;
 pub mod decisions;
 pub mod group_commit;
 pub mod heartbeats;
+pub mod invariants;
 pub mod lookup;
 pub mod migrate;
 pub mod notifications;

@@ -4,7 +4,7 @@
 //! never be alerted on. The pipelines publish their own (see
 //! `tally_actors::consume::publish_initial`).
 
-use tally_actors::store::check::INVARIANTS;
+use tally_actors::store::invariants::INVARIANTS;
 use tally_actors::{outbox, Metrics};
 
 use crate::config::Config;
@@ -18,7 +18,7 @@ const INTAKE_WRITES: [&str; 3] = ["/transfers", "/accounts", "/orders"];
 /// Publishes, at 0, the series of every label set the configuration makes known.
 pub(super) fn publish(config: &Config, metrics: &Metrics, dlt_topics: impl Iterator<Item = String>) {
     let topics = &config.kafka.topics;
-    if config.pipelines.outbox {
+    if config.pipelines.runs(crate::config::OUTBOX) {
         for topic in [
             &topics.transfers_requested,
             &topics.transfers_settled,

@@ -23,14 +23,12 @@ use crate::config::{Config, DbPool};
 use crate::http::intake::IntakeBatch;
 use crate::http::{self, AppState};
 use crate::kafka;
-use crate::pipelines;
-use tally_actors::antifraud::Antifraud;
-use tally_actors::consume::Pipeline;
+use crate::stages;
 
 /// Where the daemon's Kafka clients connect.
 mod handle;
 mod initial;
-mod pools;
+pub(crate) mod pools;
 
 pub use handle::{spawn, DaemonHandle};
 pub use pools::Pools;
@@ -80,8 +78,7 @@ pub struct Daemon {
     admin: ServerHandle,
     servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     publisher: Option<Addr<OutboxPublisher>>,
-    pipelines: Vec<Pipeline>,
-    antifraud: Option<Antifraud>,
+    stages: Vec<stages::Running>,
     dlt_producer: FutureProducer,
     listener_stop: watch::Sender<bool>,
     listener: Option<tokio::task::JoinHandle<()>>,
@@ -93,15 +90,12 @@ pub struct Daemon {
 
 /// Starts every part of the daemon. Must run inside an actix `System`; the database must
 /// already be prepared ([`tally_actors::store::migrate::prepare_blocking`]). Over 80 lines
-/// because it is the start order, read top to bottom: pools and producers, antifraud
-/// before every consumer (its fencing must precede their reads), the pipelines, the outbox
-/// publisher, then the listeners.
+/// because it is the start order, read top to bottom: pools and producers, the stages in
+/// their registry order ([`stages::STAGES`]: antifraud's fencing precedes every consumer's
+/// reads), the outbox publisher, then the listeners.
 ///
 /// # Errors
 /// When a client cannot be created or a listener cannot be bound.
-/// Over 80 lines because it is the start order, read top to bottom: pools and producers,
-/// antifraud before every consumer (its fencing must precede their reads), the
-/// pipelines, the outbox publisher, then the listeners.
 pub async fn start(
     config: Config,
     listeners: http::Listeners,
@@ -122,44 +116,23 @@ pub async fn start(
         kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-dlt", Duration::from_secs(30))
             .create()
             .context("cannot create the dead-letter producer (check kafka.producer settings)")?;
-    let shared = pipelines::Wiring {
+    let wiring = stages::Wiring {
         config: &config,
         bootstrap: &kafka.bootstrap,
         pools: pools.clone(),
         metrics: metrics.clone(),
         dlt_producer: dlt_producer.clone(),
     };
-    // Antifraud first: its `init_transactions` fences (and aborts) the open transaction a
-    // crashed predecessor with the same instance id left behind, before this instance's
-    // read_committed consumers start fetching behind it.
-    let antifraud = if config.pipelines.antifraud { Some(shared.start_antifraud()?) } else { None };
-    let mut running = Vec::new();
-    if config.pipelines.ledger {
-        running.push(shared.start_ledger()?);
-    }
-    if config.pipelines.projection {
-        running.push(shared.start_projection()?);
-    }
-    if config.pipelines.orders {
-        running.push(shared.start_orders()?);
-    }
-    if config.pipelines.notifications {
-        running.extend(shared.start_notifications()?);
-    }
-    let stages: Vec<_> =
-        running.iter().map(Pipeline::control).chain(antifraud.iter().map(Antifraud::control)).collect();
-
-    if config.pipelines.ledger && !config.ledger.check_interval.is_zero() {
-        spawn_ledger_checks(pools.get(DbPool::Ledger).clone(), metrics.clone(), config.ledger.check_interval);
-    }
+    let running = stages::start_all(&wiring)?;
+    let controls = running.iter().flat_map(stages::Running::controls).collect();
 
     let wake = Arc::new(outbox::Doorbell::default());
     let (listener_stop, listener_rx) = watch::channel(false);
     let mut listener = None;
     let mut publisher = None;
-    if config.pipelines.outbox {
+    if config.pipelines.runs(crate::config::OUTBOX) {
         let relay = OutboxRelay::new(
-            pools.get(DbPool::Outbox).clone(),
+            pools.get(DbPool::OUTBOX).clone(),
             producer.clone(),
             metrics.clone(),
             config.outbox.batch_size,
@@ -191,7 +164,7 @@ pub async fn start(
     let intake = GroupCommit::start(
         "intake",
         IntakeBatch { topic: config.kafka.topics.transfers_requested.clone() },
-        pools.get(DbPool::Intake).clone(),
+        pools.get(DbPool::INTAKE).clone(),
         GroupCommitSettings {
             max_batch: config.http.intake_batch_max,
             writers: config.http.intake_writers,
@@ -200,7 +173,7 @@ pub async fn start(
         &metrics,
     );
     let state = web::Data::new(AppState {
-        pool: pools.get(DbPool::Http).clone(),
+        pool: pools.get(DbPool::HTTP).clone(),
         pools: pools.named(&running_pools),
         intake,
         topics: config.kafka.topics.clone(),
@@ -214,7 +187,7 @@ pub async fn start(
         kafka: config.kafka.clone(),
         dlt: dlt_scope,
         known_topics: config.topics_to_create(),
-        stages,
+        stages: controls,
         dlt_probe,
         dropped: state_dropped_tx,
     });
@@ -231,8 +204,7 @@ pub async fn start(
         admin: admin.server.handle(),
         servers: vec![tokio::spawn(intake.server), tokio::spawn(admin.server)],
         publisher,
-        pipelines: running,
-        antifraud,
+        stages: running,
         dlt_producer,
         listener_stop,
         listener,
@@ -240,41 +212,6 @@ pub async fn start(
         state_dropped,
     };
     Ok(daemon)
-}
-
-/// Evaluates the ledger invariants every `interval` on the actix system (read-only, one
-/// snapshot) and publishes them, so that `tally_ledger_invariant_ok` is current for the
-/// alert rules without anyone calling `/admin/ledger/check`, with the time of the last
-/// check that ran (`tally_ledger_check_success_timestamp_seconds`), so that a check that
-/// cannot run alerts too. Runs only where the ledger pipeline runs. Ends with the system.
-fn spawn_ledger_checks(pool: tally_actors::store::PgPool, metrics: Metrics, interval: Duration) {
-    // From now: a check that never manages to run shows as ever older.
-    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    metrics.ledger_check_success_timestamp_seconds.set(started.as_secs_f64());
-    actix::spawn(async move {
-        // The first check after one interval, not at every start (a rollout would scan the
-        // ledger once per instance at once).
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            let checked = match pool.get().await {
-                Ok(mut conn) => tally_actors::store::check::check_ledger(&mut conn).await.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            match checked {
-                Ok(check) => {
-                    tally_actors::store::check::publish(&check, &metrics);
-                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-                    metrics.ledger_check_success_timestamp_seconds.set(now.as_secs_f64());
-                    if !check.ok {
-                        tracing::error!(?check, "The ledger check failed: an invariant does not hold.");
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "The periodic ledger check could not run."),
-            }
-        }
-    });
 }
 
 impl Daemon {
@@ -291,19 +228,13 @@ impl Daemon {
         info!("Shutdown: stopping intake (no new requests).");
         self.intake.stop(true).await;
         info!(
-            pipelines = self.pipelines.len(),
+            pipelines = self.stages.iter().map(stages::Running::len).sum::<usize>(),
             "Shutdown: stopping fetching, draining in-flight records, committing offsets."
         );
         // Concurrently: each drain is bounded by its own timeout, so the slowest pipeline,
         // not the sum of them, bounds this step. Order between stages does not matter:
         // every stage is at-least-once with idempotent effects.
-        let antifraud = async {
-            if let Some(antifraud) = self.antifraud {
-                antifraud.stop().await;
-            }
-        };
-        let pipelines = futures_util::future::join_all(self.pipelines.into_iter().map(|p| p.stop()));
-        futures_util::future::join(antifraud, pipelines).await;
+        futures_util::future::join_all(self.stages.into_iter().map(stages::Running::stop)).await;
         if let Some(publisher) = self.publisher {
             info!("Shutdown: stopping the outbox publisher (finish the batch in hand, flush the producer).");
             let _ = publisher.send(StopPublishing).await;

@@ -22,7 +22,7 @@ impl Pools {
     /// # Errors
     /// When a pool cannot be built.
     pub fn build(config: &Config) -> anyhow::Result<Self> {
-        let by_stage = DbPool::ALL
+        let by_stage = DbPool::all()
             .into_iter()
             .map(|pool| {
                 let built = build_pool(&settings(config, pool))
@@ -36,7 +36,7 @@ impl Pools {
     /// The pool of `pool`'s stage.
     #[must_use]
     pub fn get(&self, pool: DbPool) -> &PgPool {
-        // Built for every stage of `DbPool::ALL`.
+        // Built for every pool of `DbPool::all()`.
         &self.by_stage[&pool]
     }
 
@@ -63,17 +63,11 @@ fn settings(config: &Config, pool: DbPool) -> PoolSettings {
 /// connection and shows no gauges.
 #[must_use]
 pub fn in_use(config: &Config) -> Vec<DbPool> {
-    let p = &config.pipelines;
-    let runs = |pool: &DbPool| match pool {
-        DbPool::Http | DbPool::Intake => true,
-        DbPool::Outbox => p.outbox,
-        DbPool::Ledger => p.ledger,
-        DbPool::Antifraud => p.antifraud,
-        DbPool::Projection => p.projection,
-        DbPool::Orders => p.orders,
-        DbPool::Notifications => p.notifications && !config.notifications.webhook_url.is_empty(),
-    };
-    DbPool::ALL.into_iter().filter(runs).collect()
+    let frame = [DbPool::HTTP, DbPool::INTAKE]
+        .into_iter()
+        .chain(config.pipelines.runs(crate::config::OUTBOX).then_some(DbPool::OUTBOX));
+    let stages = crate::stages::STAGES.iter().filter(|s| s.runs(config) && (s.uses_pool)(config)).map(|s| s.db_pool());
+    frame.chain(stages).collect()
 }
 
 /// Logs the size of every pool in `pools` and their sum: the most connections this daemon

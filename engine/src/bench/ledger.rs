@@ -221,7 +221,7 @@ impl Runner {
             topic: config.kafka.topics.transfers_analyzed.clone(),
             partitions: config.kafka.partitions,
             group: config.ledger.group_id.clone(),
-            connections: config.pool_size(DbPool::Ledger),
+            connections: config.pool_size(DbPool::named("ledger")),
             topics: LedgerTopics {
                 settled: config.kafka.topics.transfers_settled.clone(),
                 rejected: config.kafka.topics.transfers_rejected.clone(),
@@ -259,7 +259,8 @@ fn run_once(
 
     let mut config = daemon_config(base, &url, cluster);
     // The baseline settles one transfer per connection of its pool at once.
-    config.database.pools.ledger = Some(config.pool_size(DbPool::Ledger).max(16));
+    let ledger = DbPool::named("ledger");
+    config.database.pools.set(ledger, config.pool_size(ledger).max(16));
     config.kafka.partitions = args.partitions;
     config.pipelines = Stage::Ledger.alone();
     config.ledger.group_id = format!("bench-{label}");

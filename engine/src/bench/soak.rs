@@ -3,7 +3,7 @@
 //! first M records alone touch every account) settled by ONE `tally run` child running only
 //! the ledger, on the bench's embedded broker. Per window of W processed records: the
 //! window's records/s and its ratio to the first (flagged below 0.8), the daemon's RSS at
-//! its end and the highest within it, the live account actors, the postings so far, and
+//! its end and the highest within it, the live keyed workers, the postings so far, and
 //! the database server's WAL and checkpoints in the window (`soak/database.rs`).
 //!
 //! - **Throughput** counts `tally_records_total{pipeline="ledger"}` from the child's
@@ -19,7 +19,7 @@
 //!   every account and posting on a timer, a cost that grows with the ledger by design and
 //!   would land in one window at random.
 //!
-//! What keeps the RSS flat: the per-account actors (the ledger's `KeyedWorker`, one per
+//! What keeps the RSS flat: the keyed workers (the ledger's `KeyedWorker`, one per
 //! source account) hold no state of their own (balances are locked and read from
 //! PostgreSQL per settlement batch), and the pipeline's `WorkerRegistry` keeps at most
 //! `consumer.max_live_workers` (20,000) of them: a new account at the cap evicts the least

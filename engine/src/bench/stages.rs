@@ -132,14 +132,11 @@ impl Stage {
     /// its HTTP listener always runs).
     #[must_use]
     pub fn alone(self) -> PipelinesConfig {
-        PipelinesConfig {
-            outbox: self == Self::Outbox,
-            ledger: self == Self::Ledger,
-            antifraud: self == Self::Antifraud,
-            projection: self == Self::Projection,
-            orders: false,
-            notifications: self == Self::Notifications,
+        let mut switches = PipelinesConfig::default();
+        for name in PipelinesConfig::names() {
+            switches.set(name, name == self.name());
         }
+        switches
     }
 }
 

@@ -67,7 +67,7 @@ impl Default for AntifraudConfig {
 }
 
 impl AntifraudConfig {
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         validate_group("antifraud.group_id", &self.group_id)?;
         if !(1..=100).contains(&self.block_score) {
             return invalid("antifraud.block_score", "must be between 1 and 100");

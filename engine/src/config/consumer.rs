@@ -1,25 +1,6 @@
-//! `[pipelines]` (which stages run here), `[consumer]` (limits shared by every
-//! pipeline) and the `retry` section every consuming stage has.
+//! `[consumer]`: consumption limits shared by every pipeline.
 
 use super::*;
-use tally_actors::supervise::RetryPolicy;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PipelinesConfig {
-    /// Publish outbox rows to Kafka.
-    pub outbox: bool,
-    /// Settle `transfers.analyzed` into the double-entry ledger.
-    pub ledger: bool,
-    /// Score `transfers.requested` inside Kafka transactions.
-    pub antifraud: bool,
-    /// Project `transfers.settled` / `transfers.rejected` onto the transfer status.
-    pub projection: bool,
-    /// Materialise `orders.received` into `received_orders`.
-    pub orders: bool,
-    /// Deliver `transfers.settled` / `transfers.rejected` to `notifications.webhook_url`.
-    pub notifications: bool,
-}
 
 /// Consumption limits shared by every pipeline.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -46,24 +27,6 @@ pub struct ConsumerConfig {
     pub drain_timeout: Duration,
 }
 
-/// Blocking exponential retry of one pipeline.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetryConfig {
-    pub max_retries: u32,
-    #[serde(rename = "initial_ms", with = "super::duration::ms")]
-    pub initial: Duration,
-    pub multiplier: f64,
-    #[serde(rename = "max_ms", with = "super::duration::ms")]
-    pub max: Duration,
-}
-
-impl Default for PipelinesConfig {
-    fn default() -> Self {
-        Self { outbox: true, ledger: true, antifraud: true, projection: true, orders: true, notifications: true }
-    }
-}
-
 impl Default for ConsumerConfig {
     fn default() -> Self {
         Self {
@@ -73,36 +36,6 @@ impl Default for ConsumerConfig {
             idle_after: Duration::from_secs(60),
             drain_timeout: Duration::from_millis(20_000),
         }
-    }
-}
-
-impl Default for RetryConfig {
-    /// The policy's own default ([`RetryPolicy::default`]): one source for it.
-    fn default() -> Self {
-        let p = RetryPolicy::default();
-        Self { max_retries: p.max_retries, initial: p.initial, multiplier: p.multiplier, max: p.max }
-    }
-}
-
-impl RetryConfig {
-    #[must_use]
-    pub fn policy(&self) -> RetryPolicy {
-        RetryPolicy { max_retries: self.max_retries, initial: self.initial, multiplier: self.multiplier, max: self.max }
-    }
-
-    pub(super) fn validate(&self, key: &'static str) -> Result<(), ConfigError> {
-        if self.initial.is_zero()
-            || self.max < self.initial
-            || !(1.0..=10.0).contains(&self.multiplier)
-            || self.max_retries > 100
-        {
-            return Err(ConfigError::Invalid {
-                key,
-                problem: "needs initial_ms > 0, max_ms >= initial_ms, multiplier in 1..=10 and max_retries <= 100"
-                    .into(),
-            });
-        }
-        Ok(())
     }
 }
 
@@ -122,12 +55,4 @@ impl ConsumerConfig {
         }
         Ok(())
     }
-}
-
-/// `key` (a consumer group id) is not blank.
-pub(super) fn validate_group(key: &'static str, group_id: &str) -> Result<(), ConfigError> {
-    if group_id.trim().is_empty() {
-        return invalid(key, "must not be empty");
-    }
-    Ok(())
 }

@@ -28,17 +28,6 @@ const KEYS: &[(&str, &str)] = &[
     ("database.statement_timeout_ms", "Longest run of one SQL statement."),
     ("database.connect_timeout_ms", "Longest wait for a pooled connection, and for a new one to open."),
     ("database.pools", "Connections per stage; each default is derived from the stage's concurrency."),
-    ("database.pools.http", "Intake and admin requests (all but the writes of POST /transfers)."),
-    ("database.pools.intake", "The intake's group commit, a connection per writer (at least http.intake_writers)."),
-    ("database.pools.outbox", "The outbox publisher: outbox.concurrency loops plus the cleanup."),
-    (
-        "database.pools.ledger",
-        "Settlement transactions (at least ledger.max_concurrent_batches), dead letters, the check.",
-    ),
-    ("database.pools.antifraud", "Antifraud's decisions and its dead-letter fallback."),
-    ("database.pools.projection", "The status projection's writers (above projection.writers) and dead letters."),
-    ("database.pools.orders", "The order materializer."),
-    ("database.pools.notifications", "Notification delivery lookups, delivery records and dead letters."),
     ("kafka", "The Kafka cluster, or \"embedded\" for an in-process broker (tests and trials only)."),
     ("kafka.brokers", "\"embedded\" or a bootstrap list, e.g. \"k1:9092,k2:9092\" (or TALLY__KAFKA__BROKERS)."),
     ("kafka.embedded_brokers", "Brokers of the embedded cluster."),
@@ -92,11 +81,6 @@ const KEYS: &[(&str, &str)] = &[
     ("outbox.parked_retry_max_ms", "Longest wait between tries of a parked row."),
     ("pipelines", "Which stages this daemon runs."),
     ("pipelines.outbox", "Publish outbox rows to Kafka."),
-    ("pipelines.ledger", "Settle transfers.analyzed into the double-entry ledger."),
-    ("pipelines.antifraud", "Score transfers.requested inside Kafka transactions."),
-    ("pipelines.projection", "Project settled and rejected transfers onto the transfer status."),
-    ("pipelines.orders", "Materialise orders.received."),
-    ("pipelines.notifications", "Deliver settled and rejected transfers to notifications.webhook_url."),
     ("consumer", "Consumption limits shared by every pipeline."),
     ("consumer.max_in_flight", "Records in flight per partition; when reached, the partition stops fetching."),
     ("consumer.max_uncommitted", "Offsets at most between a partition's committed watermark and its newest record."),
@@ -175,7 +159,15 @@ fn doc(path: &str) -> Option<&'static str> {
         let key = format!("*{}", &path[at..]);
         KEYS.iter().find(|(k, _)| *k == key)
     };
-    exact.or_else(generic).map(|(_, d)| *d)
+    exact.or_else(generic).map(|(_, d)| *d).or_else(|| registered(path))
+}
+
+/// The line of a stage's `[pipelines]` switch or of a pool, from the stage registry.
+fn registered(path: &str) -> Option<&'static str> {
+    if let Some(name) = path.strip_prefix("pipelines.") {
+        return crate::stages::find(name).map(|s| s.summary);
+    }
+    super::pools::summary(path.strip_prefix("database.pools.")?)
 }
 
 /// The example configuration (`deploy/tally.toml`).

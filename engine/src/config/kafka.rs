@@ -1,5 +1,6 @@
-//! `[kafka]`: the cluster (or the embedded broker), topic names and topic creation, and
-//! the librdkafka pass-through properties, and the consumer group protocol.
+//! `[kafka]`: the cluster (or the embedded broker), topic creation, the librdkafka
+//! pass-through properties, and the consumer group protocol. Topic names are
+//! `[kafka.topics]` (module `topics`).
 
 use super::*;
 pub use tally_actors::kafka::GroupProtocol;
@@ -40,16 +41,6 @@ pub struct KafkaConfig {
     pub sasl_password_file: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TopicsConfig {
-    pub transfers_requested: String,
-    pub transfers_analyzed: String,
-    pub transfers_rejected: String,
-    pub transfers_settled: String,
-    pub orders_received: String,
-}
-
 impl Default for KafkaConfig {
     fn default() -> Self {
         Self {
@@ -67,39 +58,6 @@ impl Default for KafkaConfig {
             group_protocol: GroupProtocol::Classic,
             sasl_password_file: String::new(),
         }
-    }
-}
-
-impl Default for TopicsConfig {
-    fn default() -> Self {
-        use tally_schema::topics;
-        Self {
-            transfers_requested: topics::TRANSFERS_REQUESTED.into(),
-            transfers_analyzed: topics::TRANSFERS_ANALYZED.into(),
-            transfers_rejected: topics::TRANSFERS_REJECTED.into(),
-            transfers_settled: topics::TRANSFERS_SETTLED.into(),
-            orders_received: topics::ORDERS_RECEIVED.into(),
-        }
-    }
-}
-
-impl TopicsConfig {
-    /// Every source topic, in a fixed order.
-    #[must_use]
-    pub fn sources(&self) -> Vec<&str> {
-        vec![
-            &self.transfers_requested,
-            &self.transfers_analyzed,
-            &self.transfers_rejected,
-            &self.transfers_settled,
-            &self.orders_received,
-        ]
-    }
-
-    /// Every topic tally uses: each source topic and its `-dlt` twin.
-    #[must_use]
-    pub fn all(&self) -> Vec<String> {
-        self.sources().into_iter().flat_map(|t| [t.to_owned(), tally_schema::topics::dlt(t)]).collect()
     }
 }
 

@@ -47,7 +47,7 @@ impl Default for LedgerConfig {
 }
 
 impl LedgerConfig {
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         validate_group("ledger.group_id", &self.group_id)?;
         if !(1..=5_000).contains(&self.batch_size) {
             return invalid("ledger.batch_size", "must be between 1 and 5000");

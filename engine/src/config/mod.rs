@@ -26,27 +26,35 @@ mod instance;
 mod kafka;
 mod ledger;
 mod notifications;
+mod orders;
 mod outbox;
+mod pipelines;
 mod pools;
+mod projection;
+mod retry;
 mod secrets;
-mod stages;
 mod telemetry;
+mod topics;
 
 pub use antifraud::AntifraudConfig;
-use consumer::validate_group;
-pub use consumer::{ConsumerConfig, PipelinesConfig, RetryConfig};
+pub use consumer::ConsumerConfig;
 pub use database::DatabaseConfig;
 pub use example::example_toml;
 pub use http::{HttpConfig, IntakeClientConfig};
 pub use instance::{InstanceConfig, LogConfig, LogFormat};
-pub use kafka::{GroupProtocol, KafkaConfig, TopicsConfig, RECORD_OVERHEAD_BYTES};
+pub use kafka::{GroupProtocol, KafkaConfig, RECORD_OVERHEAD_BYTES};
 pub use ledger::LedgerConfig;
 pub use notifications::NotificationsConfig;
+pub use orders::OrdersConfig;
 pub use outbox::OutboxConfig;
-pub use pools::{DbPool, PoolsConfig};
+pub use pipelines::{PipelinesConfig, OUTBOX};
+pub use pools::{DbPool, PoolRule, PoolsConfig};
+pub use projection::ProjectionConfig;
+use retry::validate_group;
+pub use retry::RetryConfig;
 pub use secrets::{ClientProperties, Secret, SecretUrl};
-pub use stages::{OrdersConfig, ProjectionConfig};
 pub use telemetry::TelemetryConfig;
+pub use topics::TopicsConfig;
 
 /// A configuration error that names the key at fault.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +64,9 @@ pub enum ConfigError {
     Load(#[from] Box<figment::Error>),
     #[error("invalid configuration: `{key}` {problem}")]
     Invalid { key: &'static str, problem: String },
+    /// A problem across keys, each named in the text.
+    #[error("invalid configuration: {0}")]
+    Conflict(String),
     #[error("configuration file {0} does not exist")]
     MissingFile(String),
 }
@@ -160,15 +171,9 @@ impl Config {
         }
         self.outbox.validate()?;
         self.consumer.validate()?;
-        self.ledger.validate()?;
+        self.pipelines.validate()?;
+        crate::stages::validate(self)?;
         pools::validate(self)?;
-        self.antifraud.validate()?;
-        self.projection.validate()?;
-        self.orders.validate()?;
-        if self.orders.group_id == self.ledger.group_id {
-            return invalid("orders.group_id", "must differ from ledger.group_id");
-        }
-        self.notifications.validate()?;
         self.log.validate()?;
         self.telemetry.validate()?;
         Ok(())

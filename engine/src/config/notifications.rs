@@ -75,7 +75,7 @@ impl NotificationsConfig {
 }
 
 impl NotificationsConfig {
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         let url = self.webhook_url.expose();
         if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
             return invalid("notifications.webhook_url", "must be an http:// or https:// URL (or empty to disable)");

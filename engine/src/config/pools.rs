@@ -5,219 +5,208 @@
 //! three daemons fit PostgreSQL's default `max_connections` of 100.
 
 use super::*;
+use crate::stages::STAGES;
 
-/// A stage with a database pool of its own.
+/// A database pool: one for each part of the daemon's frame ([`DbPool::HTTP`],
+/// [`DbPool::INTAKE`], [`DbPool::OUTBOX`]) and one for each stage of
+/// [`crate::stages::STAGES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DbPool {
-    /// Intake and admin requests, but for the writes of `POST /transfers`.
-    Http,
-    /// The intake's group commit: `POST /transfers` writes.
-    Intake,
-    Outbox,
-    Ledger,
-    Antifraud,
-    Projection,
-    Orders,
-    Notifications,
-}
+pub struct DbPool(&'static str);
 
 impl DbPool {
-    pub const ALL: [Self; 8] = [
-        Self::Http,
-        Self::Intake,
-        Self::Outbox,
-        Self::Ledger,
-        Self::Antifraud,
-        Self::Projection,
-        Self::Orders,
-        Self::Notifications,
-    ];
+    /// Intake and admin requests, but for the writes of `POST /transfers`.
+    pub const HTTP: Self = Self("http");
+    /// The intake's group commit: `POST /transfers` writes.
+    pub const INTAKE: Self = Self("intake");
+    /// The outbox publisher.
+    pub const OUTBOX: Self = Self("outbox");
+
+    /// The pool called `name` (a stage's: [`crate::stages::Stage::db_pool`]).
+    #[must_use]
+    pub const fn named(name: &'static str) -> Self {
+        Self(name)
+    }
+
+    /// Every pool: the frame's, then the stages' in their start order.
+    #[must_use]
+    pub fn all() -> Vec<Self> {
+        FRAME.iter().map(|(pool, _)| *pool).chain(STAGES.iter().map(|s| s.db_pool())).collect()
+    }
 
     /// Its key in `[database.pools]`, its `pool` label in the `tally_db_pool_*` metrics, and
     /// (as `tally-<name>`) the `application_name` of its connections.
     #[must_use]
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Http => "http",
-            Self::Intake => "intake",
-            Self::Outbox => "outbox",
-            Self::Ledger => "ledger",
-            Self::Antifraud => "antifraud",
-            Self::Projection => "projection",
-            Self::Orders => "orders",
-            Self::Notifications => "notifications",
-        }
+        self.0
     }
 
-    fn key(self) -> &'static str {
-        match self {
-            Self::Http => "database.pools.http",
-            Self::Intake => "database.pools.intake",
-            Self::Outbox => "database.pools.outbox",
-            Self::Ledger => "database.pools.ledger",
-            Self::Antifraud => "database.pools.antifraud",
-            Self::Projection => "database.pools.projection",
-            Self::Orders => "database.pools.orders",
-            Self::Notifications => "database.pools.notifications",
+    /// How it is sized and checked.
+    fn rule(self) -> Option<&'static PoolRule> {
+        FRAME
+            .iter()
+            .find(|(pool, _)| *pool == self)
+            .map(|(_, rule)| rule)
+            .or_else(|| STAGES.iter().find(|s| s.name == self.0).map(|s| &s.pool))
+    }
+}
+
+/// How a pool is sized: its default and its checks beyond the range 1..=1000.
+pub struct PoolRule {
+    /// What it serves, one line: `database.pools.<name>` in `tally config --example`.
+    pub summary: &'static str,
+    /// Its size when `[database.pools]` does not set it.
+    pub default: fn(&Config) -> usize,
+    /// Checks a size (set or default) against the concurrency it must serve.
+    pub check: fn(&Config, usize) -> Result<(), ConfigError>,
+}
+
+impl PoolRule {
+    /// No check beyond the range.
+    ///
+    /// # Errors
+    /// Never.
+    pub fn any(_: &Config, _: usize) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    /// `Ok` when `holds`, else the problem `problem()` with `key`.
+    ///
+    /// # Errors
+    /// When `holds` is false.
+    pub fn check(holds: bool, key: &'static str, problem: impl FnOnce() -> String) -> Result<(), ConfigError> {
+        if holds {
+            Ok(())
+        } else {
+            invalid(key, problem())
         }
     }
 }
 
-/// Connections per pool at most, each between 1 and 1000. Unset: the default named with it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PoolsConfig {
-    /// Intake and admin requests (all but the writes of `POST /transfers`), a connection
-    /// each while it runs. Default 8, or `database.pool_size` when that older key is set.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub http: Option<usize>,
-    /// The intake's group commit, a connection per writer. Default `http.intake_writers`;
-    /// must be at least that.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub intake: Option<usize>,
-    /// The outbox publisher: each loop holds a connection while it awaits the broker's
-    /// acknowledgements, and the cleanup takes one more. Default `outbox.concurrency` + 1;
-    /// must be above `outbox.concurrency`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub outbox: Option<usize>,
-    /// Settlement transactions, the ledger's dead letters and its periodic check. Default
-    /// `ledger.max_concurrent_batches` + 2; must be at least `ledger.max_concurrent_batches`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ledger: Option<usize>,
-    /// Antifraud's decisions and dead-letter fallback: one loop, one batch at a time.
-    /// Default 2.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub antifraud: Option<usize>,
-    /// The status projection: its group commit's writers and its dead letters. Default 4;
-    /// must be above `projection.writers`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub projection: Option<usize>,
-    /// The order materializer: an insert per order. Default 2.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub orders: Option<usize>,
-    /// Notifications: one writer for the delivery lookups, one for the delivery records
-    /// (none held through the webhook call), and the dead letters. Default 3.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub notifications: Option<usize>,
+/// The pools of the daemon's frame, which runs on every instance.
+static FRAME: [(DbPool, PoolRule); 3] = [
+    (
+        DbPool::HTTP,
+        PoolRule {
+            summary: "Intake and admin requests (all but the writes of POST /transfers).",
+            default: |c| c.database.pool_size.unwrap_or(8),
+            check: PoolRule::any,
+        },
+    ),
+    (
+        DbPool::INTAKE,
+        PoolRule {
+            summary: "The intake's group commit, a connection per writer (at least http.intake_writers).",
+            default: |c| c.http.intake_writers,
+            check: |c, size| {
+                let writers = c.http.intake_writers;
+                PoolRule::check(size >= writers, "database.pools.intake", || {
+                    format!("is {size}: it must be at least http.intake_writers ({writers}), a connection per writer")
+                })
+            },
+        },
+    ),
+    (
+        DbPool::OUTBOX,
+        PoolRule {
+            summary: "The outbox publisher: outbox.concurrency loops plus the cleanup.",
+            default: |c| c.outbox.concurrency + 1,
+            check: |c, size| {
+                let loops = c.outbox.concurrency;
+                PoolRule::check(size > loops, "database.pools.outbox", || {
+                    format!(
+                        "is {size}: it must be above outbox.concurrency ({loops}), as each publish loop holds a \
+                         connection while it awaits the broker and the cleanup takes one more"
+                    )
+                })
+            },
+        },
+    ),
+];
+
+/// What `database.pools.<name>` serves, for `tally config --example`.
+#[must_use]
+pub(super) fn summary(name: &str) -> Option<&'static str> {
+    DbPool::all().into_iter().find(|p| p.name() == name).and_then(DbPool::rule).map(|r| r.summary)
 }
+
+/// Connections per pool at most, each between 1 and 1000, by pool name. Unset: the pool's
+/// default ([`PoolRule::default`]; the HTTP pool's is 8, or the older
+/// `database.pool_size` when set).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct PoolsConfig(BTreeMap<String, usize>);
 
 impl PoolsConfig {
     /// The size set for `pool`, if any.
     #[must_use]
     pub fn get(&self, pool: DbPool) -> Option<usize> {
-        *self.slot(pool)
+        self.0.get(pool.name()).copied()
     }
 
-    fn slot(&self, pool: DbPool) -> &Option<usize> {
-        match pool {
-            DbPool::Http => &self.http,
-            DbPool::Intake => &self.intake,
-            DbPool::Outbox => &self.outbox,
-            DbPool::Ledger => &self.ledger,
-            DbPool::Antifraud => &self.antifraud,
-            DbPool::Projection => &self.projection,
-            DbPool::Orders => &self.orders,
-            DbPool::Notifications => &self.notifications,
-        }
+    /// Sets the size of `pool`.
+    pub fn set(&mut self, pool: DbPool, size: usize) {
+        self.0.insert(pool.name().to_owned(), size);
     }
+}
 
-    fn slot_mut(&mut self, pool: DbPool) -> &mut Option<usize> {
-        match pool {
-            DbPool::Http => &mut self.http,
-            DbPool::Intake => &mut self.intake,
-            DbPool::Outbox => &mut self.outbox,
-            DbPool::Ledger => &mut self.ledger,
-            DbPool::Antifraud => &mut self.antifraud,
-            DbPool::Projection => &mut self.projection,
-            DbPool::Orders => &mut self.orders,
-            DbPool::Notifications => &mut self.notifications,
+impl Serialize for PoolsConfig {
+    /// In [`DbPool::all`] order, as `tally config` shows them.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for pool in DbPool::all() {
+            if let Some(size) = self.get(pool) {
+                map.serialize_entry(pool.name(), &size)?;
+            }
         }
+        map.end()
     }
 }
 
 impl Config {
-    /// The size of `pool`: its `database.pools` key, else its default ([`PoolsConfig`]).
+    /// The size of `pool`: its `database.pools` key, else its default ([`PoolRule`]).
     #[must_use]
     pub fn pool_size(&self, pool: DbPool) -> usize {
-        self.database.pools.get(pool).unwrap_or_else(|| match pool {
-            DbPool::Http => self.database.pool_size.unwrap_or(8),
-            DbPool::Intake => self.http.intake_writers,
-            DbPool::Outbox => self.outbox.concurrency + 1,
-            DbPool::Ledger => self.ledger.max_concurrent_batches + 2,
-            DbPool::Projection => 4,
-            DbPool::Notifications => 3,
-            DbPool::Antifraud | DbPool::Orders => 2,
-        })
+        self.database.pools.get(pool).or_else(|| pool.rule().map(|r| (r.default)(self))).unwrap_or(1)
     }
 
     /// This configuration with every pool size spelled out, and `database.pool_size` moved
     /// to `database.pools.http`: what `tally config` shows.
     pub(super) fn with_pools_resolved(&self) -> Config {
         let mut resolved = self.clone();
-        for pool in DbPool::ALL {
-            *resolved.database.pools.slot_mut(pool) = Some(self.pool_size(pool));
+        for pool in DbPool::all() {
+            resolved.database.pools.set(pool, self.pool_size(pool));
         }
         resolved.database.pool_size = None;
         resolved
     }
 }
 
-/// Ranges, the older `database.pool_size`, and the sizes the stages' concurrency needs.
+/// Names, ranges, the older `database.pool_size`, and the sizes the parts' concurrency
+/// needs.
 pub(super) fn validate(config: &Config) -> Result<(), ConfigError> {
     let db = &config.database;
     if let Some(size) = db.pool_size {
-        if db.pools.http.is_some() {
+        if db.pools.get(DbPool::HTTP).is_some() {
             return invalid("database.pool_size", "is the older name of database.pools.http: set only one of them");
         }
         if !(1..=1000).contains(&size) {
             return invalid("database.pool_size", "must be between 1 and 1000");
         }
     }
-    if let Some(pool) = DbPool::ALL.into_iter().find(|p| db.pools.get(*p).is_some_and(|n| !(1..=1000).contains(&n))) {
-        return invalid(pool.key(), "must be between 1 and 1000");
+    let all = DbPool::all();
+    if let Some(unknown) = db.pools.0.keys().find(|k| !all.iter().any(|p| p.name() == k.as_str())) {
+        let known: Vec<_> = all.iter().map(|p| p.name()).collect();
+        return invalid("database.pools", format!("names {unknown}, which is not a pool ({})", known.join(", ")));
     }
-    let (outbox, loops) = (config.pool_size(DbPool::Outbox), config.outbox.concurrency);
-    if outbox <= loops {
-        return invalid(
-            "database.pools.outbox",
-            format!(
-                "is {outbox}: it must be above outbox.concurrency ({loops}), as each publish loop holds a \
-                 connection while it awaits the broker and the cleanup takes one more"
-            ),
-        );
-    }
-    let (intake, writers) = (config.pool_size(DbPool::Intake), config.http.intake_writers);
-    if intake < writers {
-        return invalid(
-            "database.pools.intake",
-            format!("is {intake}: it must be at least http.intake_writers ({writers}), a connection per writer"),
-        );
-    }
-    let (projection, writers) = (config.pool_size(DbPool::Projection), config.projection.writers);
-    if projection <= writers {
-        return invalid(
-            "database.pools.projection",
-            format!(
-                "is {projection}: it must be above projection.writers ({writers}), a connection per writer and \
-                 one for dead letters"
-            ),
-        );
-    }
-    if config.pool_size(DbPool::Notifications) < 2 {
-        return invalid(
-            "database.pools.notifications",
-            "must be at least 2: one connection for the delivery lookups, one for the delivery records",
-        );
-    }
-    let (ledger, batches) = (config.pool_size(DbPool::Ledger), config.ledger.max_concurrent_batches);
-    if ledger < batches {
-        return invalid(
-            "database.pools.ledger",
-            format!(
-                "is {ledger}: it must be at least ledger.max_concurrent_batches ({batches}), a connection per \
-                 settlement transaction"
-            ),
-        );
+    for pool in all {
+        let size = config.pool_size(pool);
+        if db.pools.get(pool).is_some() && !(1..=1000).contains(&size) {
+            return Err(ConfigError::Conflict(format!("`database.pools.{}` must be between 1 and 1000", pool.name())));
+        }
+        if let Some(rule) = pool.rule() {
+            (rule.check)(config, size)?;
+        }
     }
     Ok(())
 }
@@ -232,7 +221,7 @@ mod tests {
     }
 
     fn sizes(c: &Config) -> Vec<(&'static str, usize)> {
-        DbPool::ALL.into_iter().map(|p| (p.name(), c.pool_size(p))).collect()
+        DbPool::all().into_iter().map(|p| (p.name(), c.pool_size(p))).collect()
     }
 
     #[test]
@@ -244,8 +233,8 @@ mod tests {
                 ("http", 8),
                 ("intake", 2),
                 ("outbox", 3),
-                ("ledger", 6),
                 ("antifraud", 2),
+                ("ledger", 6),
                 ("projection", 4),
                 ("orders", 2),
                 ("notifications", 3)
@@ -258,19 +247,23 @@ mod tests {
     #[test]
     fn the_outbox_and_ledger_pools_follow_their_concurrency_unless_set() {
         let c = with("[outbox]\nconcurrency = 6\n[ledger]\nmax_concurrent_batches = 10").unwrap();
-        assert_eq!((c.pool_size(DbPool::Outbox), c.pool_size(DbPool::Ledger)), (7, 12));
+        assert_eq!((c.pool_size(DbPool::OUTBOX), c.pool_size(DbPool::named("ledger"))), (7, 12));
         let c = with("[database.pools]\noutbox = 5\nledger = 4\nprojection = 9").unwrap();
-        assert_eq!((c.pool_size(DbPool::Outbox), c.pool_size(DbPool::Ledger)), (5, 4));
-        assert_eq!(c.pool_size(DbPool::Projection), 9);
-        assert_eq!(c.pool_size(DbPool::Http), 8, "the others keep their defaults");
+        assert_eq!((c.pool_size(DbPool::OUTBOX), c.pool_size(DbPool::named("ledger"))), (5, 4));
+        assert_eq!(c.pool_size(DbPool::named("projection")), 9);
+        assert_eq!(c.pool_size(DbPool::HTTP), 8, "the others keep their defaults");
     }
 
     #[test]
     fn the_older_pool_size_is_the_http_pool() {
         let c = with("[database]\npool_size = 16\n[outbox]\nconcurrency = 8\n[ledger]\nmax_concurrent_batches = 16")
             .unwrap();
-        assert_eq!(c.pool_size(DbPool::Http), 16);
-        assert_eq!((c.pool_size(DbPool::Outbox), c.pool_size(DbPool::Ledger)), (9, 18), "stages size their own");
+        assert_eq!(c.pool_size(DbPool::HTTP), 16);
+        assert_eq!(
+            (c.pool_size(DbPool::OUTBOX), c.pool_size(DbPool::named("ledger"))),
+            (9, 18),
+            "stages size their own"
+        );
         let e = with("[database]\npool_size = 16\n[database.pools]\nhttp = 8").unwrap_err().to_string();
         assert!(e.contains("database.pool_size") && e.contains("database.pools.http"), "{e}");
         let e = with("[database]\npool_size = 1001").unwrap_err().to_string();
@@ -279,7 +272,7 @@ mod tests {
 
     #[test]
     fn sizes_are_validated_with_the_key_named() {
-        for pool in DbPool::ALL {
+        for pool in DbPool::all() {
             for bad in [0, 1001] {
                 let e = with(&format!("[database.pools]\n{} = {bad}", pool.name())).unwrap_err().to_string();
                 assert!(e.contains(&format!("database.pools.{}", pool.name())), "{e}");
@@ -302,7 +295,7 @@ mod tests {
         let c = with("[database]\npool_size = 5\n[database.pools]\nledger = 7").unwrap();
         let shown = c.to_redacted_toml();
         assert!(
-            shown.contains("[database.pools]\nhttp = 5\nintake = 2\noutbox = 3\nledger = 7\nantifraud = 2\n"),
+            shown.contains("[database.pools]\nhttp = 5\nintake = 2\noutbox = 3\nantifraud = 2\nledger = 7\n"),
             "{shown}"
         );
         assert!(!shown.contains("pool_size"), "{shown}");
@@ -318,8 +311,8 @@ mod tests {
             jail.set_env("TALLY__DATABASE__POOLS__LEDGER", "5");
             jail.set_env("TALLY__DATABASE__POOLS__ORDERS", "3");
             let c = Config::load(Some(Path::new("tally.toml"))).map_err(|e| e.to_string())?;
-            assert_eq!((c.pool_size(DbPool::Ledger), c.pool_size(DbPool::Orders)), (5, 3));
-            assert_eq!(c.pool_size(DbPool::Http), 6);
+            assert_eq!((c.pool_size(DbPool::named("ledger")), c.pool_size(DbPool::named("orders"))), (5, 3));
+            assert_eq!(c.pool_size(DbPool::HTTP), 6);
             Ok(())
         });
     }

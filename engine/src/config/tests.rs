@@ -144,11 +144,11 @@ fn a_transaction_call_waits_at_most_the_transaction_timeout() {
 #[test]
 fn orders_pipeline_is_on_by_default_and_validated() {
     let c = with("").unwrap();
-    assert!(c.pipelines.orders);
+    assert!(c.pipelines.runs("orders"));
     assert_eq!(c.orders.group_id, "tally-orders");
     assert_eq!(c.orders.retry.max_retries, 5);
     let c = with("[pipelines]\norders = false\n[orders]\ngroup_id = \"g\"\n[orders.retry]\nmax_retries = 2").unwrap();
-    assert!(!c.pipelines.orders);
+    assert!(!c.pipelines.runs("orders"));
     assert_eq!((c.orders.group_id.as_str(), c.orders.retry.max_retries), ("g", 2));
     let e = with("[orders]\ngroup_id = \" \"").unwrap_err().to_string();
     assert!(e.contains("orders.group_id"), "{e}");

@@ -185,8 +185,8 @@ async fn outbox_retry_all(_: Admin, state: web::Data<AppState>) -> Result<HttpRe
 /// `tally_ledger_invariant_ok` gauges). 200 when all hold, 409 otherwise.
 async fn ledger_check(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await?;
-    let check = tally_actors::ledger::check::check_ledger(&mut conn).await?;
-    tally_actors::ledger::check::publish(&check, &state.metrics);
+    let check = tally_actors::store::invariants::check_ledger(&mut conn).await?;
+    tally_actors::store::invariants::publish(&check, &state.metrics);
     Ok(if check.ok { HttpResponse::Ok().json(check) } else { HttpResponse::Conflict().json(check) })
 }
 

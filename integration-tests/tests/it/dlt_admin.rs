@@ -373,7 +373,7 @@ fn replayed_from(records: &[KafkaRecord]) -> Vec<String> {
 async fn replay_selects_by_partition_offsets_and_key() {
     // No ledger: the copies stay on transfers.analyzed for inspection.
     let (env, app) = spawn_app(|c| {
-        c.pipelines.ledger = false;
+        c.pipelines.set("ledger", false);
         c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
     })
     .await;
@@ -510,7 +510,7 @@ async fn insert_dead_letter(db: &TestDb, partition: i32, offset: i64, key: &str,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dead_letters_table_is_listed_browsed_and_replayed() {
     let (env, app) = spawn_app(|c| {
-        c.pipelines.ledger = false;
+        c.pipelines.set("ledger", false);
         c.http.admin_token = tally_engine::config::Secret::new(TOKEN);
     })
     .await;

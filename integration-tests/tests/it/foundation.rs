@@ -76,7 +76,7 @@ async fn wait_for_event_ids(bootstrap: &str, ids: &HashSet<String>, deadline: De
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfer_and_outbox_row_commit_together_and_stay_pending_until_a_publisher_runs() {
     let env = TestEnv::new().await;
-    let app = env.spawn(|c| c.pipelines.outbox = false).await;
+    let app = env.spawn(|c| c.pipelines.set("outbox", false)).await;
 
     let res = app.post_json("/transfers", &transfer("acc-a", "acc-b", 1234)).await;
     assert_eq!(res.status(), StatusCode::CREATED);
@@ -140,7 +140,7 @@ async fn transfer_and_outbox_row_commit_together_and_stay_pending_until_a_publis
 // Broker: embedded mock cluster (publisher disabled: the test is about HTTP and rows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotency_key_replays_the_same_request_and_refuses_a_different_one() {
-    let (env, app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
     let post = |body: Value, key: &'static str| {
         app.send(app.client.post(format!("{}/transfers", app.intake_url)).header("Idempotency-Key", key).json(&body))
     };
@@ -674,7 +674,7 @@ async fn health_readiness_and_metrics() {
     // No antifraud: the one transfer's outbox row stays the only one (once every pipeline
     // is ready, the ledger would otherwise add its TransferRejected row while the gauges
     // are checked).
-    let (_env, app) = spawn_app(|c| c.pipelines.antifraud = false).await;
+    let (_env, app) = spawn_app(|c| c.pipelines.set("antifraud", false)).await;
 
     let res = app.admin_get("/healthz").await;
     assert_eq!(res.status(), StatusCode::OK);
@@ -847,7 +847,7 @@ async fn raw_http(addr: &str, head: &[u8], body: &str) -> (u16, String) {
 /// field, never a 500 from the database, and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nul_in_any_string_of_an_intake_body_is_a_422_naming_the_field() {
-    let (env, app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
     let nul = "A\u{0}B";
     let transfer =
         json!({"sourceAccount": "acc-a", "destinationAccount": "acc-b", "amountCents": 1, "currency": "BRL"});

@@ -39,7 +39,7 @@ fn transfer(source: &str, amount: i64) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_wait_share_a_transaction_and_keys_make_one_transfer_each() {
     let (env, app) = spawn_app(|c| {
-        c.pipelines.outbox = false;
+        c.pipelines.set("outbox", false);
         c.http.intake_writers = 1;
         c.http.intake_batch_max = 64;
     })
@@ -174,7 +174,7 @@ async fn a_batch_of_status_moves_moves_each_pending_transfer_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_hold_across_concurrent_batches() {
     let (env, app) = spawn_app(|c| {
-        c.pipelines.outbox = false;
+        c.pipelines.set("outbox", false);
         c.http.intake_writers = 2;
         c.http.intake_batch_max = 4;
     })

@@ -1,4 +1,4 @@
-//! Black-box tests of the ledger pipeline: partition consumers, per-account ledgers,
+//! Black-box tests of the ledger pipeline: partition consumers, keyed workers,
 //! group-committed settlement, offset watermarks, supervision (retry, DLT).
 //!
 //! Broker: the daemon tests run on the embedded broker (librdkafka's mock cluster, 3
@@ -362,7 +362,7 @@ async fn assert_every_transfer_ended_once(env: &TestEnv, ids: &[Uuid]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebalance_mid_stream_keeps_every_transfer_exactly_once_in_effect() {
     let env = TestEnv::new().await;
-    let first = env.spawn(|c| c.pipelines.outbox = false).await;
+    let first = env.spawn(|c| c.pipelines.set("outbox", false)).await;
     let ids = produce_stream(&env, 3_000, 40).await;
     wait_until("some transfers processed", Deadline::DEFAULT, || async {
         let n = env.db.count("processed_transfers").await;
@@ -373,7 +373,7 @@ async fn rebalance_mid_stream_keeps_every_transfer_exactly_once_in_effect() {
         }
     })
     .await;
-    let second = env.spawn(|c| c.pipelines.outbox = false).await;
+    let second = env.spawn(|c| c.pipelines.set("outbox", false)).await;
     // Let the group settle on two members, then the first leaves mid-stream.
     tokio::time::sleep(Duration::from_secs(4)).await;
     first.stop().await;
@@ -403,7 +403,7 @@ async fn abrupt_stop_mid_stream_then_restart_loses_and_doubles_nothing() {
     let _ = child.wait();
     let processed_at_kill = env.db.count("processed_transfers").await;
     assert!(processed_at_kill < ids.len() as i64, "killed mid-stream ({processed_at_kill} processed)");
-    let app = env.spawn(|c| c.pipelines.outbox = false).await;
+    let app = env.spawn(|c| c.pipelines.set("outbox", false)).await;
     wait_processed(&env.db, ids.len() as i64).await;
     assert_every_transfer_ended_once(&env, &ids).await;
     ledger_check(&app).await;

@@ -177,7 +177,7 @@ async fn processed(db: &TestDb, id: Uuid) -> (String, Option<String>) {
 /// posting. One the intake never saw settles on the event alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ledger_settles_a_known_transfer_only_while_pending_and_matching() {
-    let (env, app) = spawn_app(|c| c.pipelines.antifraud = false).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("antifraud", false)).await;
     create_account(&app, "K-A", 1_000_000, "BRL").await;
     create_account(&app, "K-B", 0, "BRL").await;
     // Without antifraud these stay PENDING until the ledger hears of them.
@@ -254,7 +254,7 @@ async fn balances_and_amounts_stay_under_the_ceiling() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_errors_are_classified_by_cause() {
     let (env, app) = spawn_app(|c| {
-        c.pipelines.antifraud = false;
+        c.pipelines.set("antifraud", false);
         c.ledger.retry.initial = std::time::Duration::from_millis(50);
         c.ledger.retry.max = std::time::Duration::from_millis(100);
     })

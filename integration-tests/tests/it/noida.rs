@@ -145,8 +145,8 @@ async fn a_fenced_stage_recreates_its_producer_and_decides_each_transfer_once() 
     let app = noida::spawn(&db, &broker, |c| {
         c.antifraud.retry.initial = std::time::Duration::from_millis(50);
         c.antifraud.retry.max = std::time::Duration::from_millis(200);
-        c.pipelines.ledger = false;
-        c.pipelines.projection = false;
+        c.pipelines.set("ledger", false);
+        c.pipelines.set("projection", false);
     })
     .await;
     create_account(&app, "F-A", 100_000_000, "BRL").await;
@@ -523,8 +523,8 @@ async fn an_output_the_broker_refuses_costs_its_input_not_the_stage() {
     let app = noida::spawn(&db, &broker, |c| {
         c.antifraud.retry.initial = Duration::from_millis(50);
         c.antifraud.retry.max = Duration::from_millis(200);
-        c.pipelines.ledger = false;
-        c.pipelines.projection = false;
+        c.pipelines.set("ledger", false);
+        c.pipelines.set("projection", false);
         let limit = |bytes: &str| [("max.message.bytes".to_owned(), bytes.to_owned())].into();
         c.kafka.topic_configs.insert("transfers.rejected".into(), limit("200"));
         c.kafka.topic_configs.insert("transfers.requested-dlt".into(), limit("50000"));

@@ -118,7 +118,7 @@ async fn assert_counts(db: &TestDb, orders: i64, outbox: i64, case: &str) {
 /// was fully processed and its offset committed, leaves one `received_orders` row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_order_delivered_twice_and_after_commit_is_materialized_once() {
-    let (env, app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
     let producer = producer(env.bootstrap());
     let event = order_received(Uuid::new_v4(), "EXT-DUP-1");
     let id = order_id(&event);
@@ -221,7 +221,7 @@ async fn failed_materialization_is_not_acknowledged_and_is_redelivered_to_one_ro
     let env = TestEnv::new().await;
     let configure = |c: &mut Config| {
         quick_retry(c, 100);
-        c.pipelines.outbox = false;
+        c.pipelines.set("outbox", false);
         c.consumer.drain_timeout = std::time::Duration::from_millis(1_000);
     };
     let first = env.spawn(configure).await;
@@ -291,7 +291,7 @@ async fn failed_materialization_is_not_acknowledged_and_is_redelivered_to_one_ro
 async fn exhausted_retries_dead_letter_the_order_and_write_nothing() {
     let (env, app) = spawn_app(|c| {
         quick_retry(c, 2);
-        c.pipelines.outbox = false;
+        c.pipelines.set("outbox", false);
     })
     .await;
     let mut blocker = env.db.connect().await;
@@ -319,7 +319,7 @@ async fn exhausted_retries_dead_letter_the_order_and_write_nothing() {
 /// once with the DLT headers; the record after them is materialized.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_records_are_dead_lettered_and_later_records_processed() {
-    let (env, app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
     let producer = producer(env.bootstrap());
     const P: i32 = 3;
     let key = Uuid::new_v4().to_string();
@@ -372,7 +372,7 @@ async fn poison_records_are_dead_lettered_and_later_records_processed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn external_reference_replays_the_same_order_and_refuses_a_different_one() {
     // Publisher off: the outbox rows stay countable; the test is about HTTP and rows.
-    let (env, app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
     let mut body = order("EXT-100", 12_345);
     body["lines"] = json!([{ "sku": "SKU-1", "qty": 2, "price": 1.5 }]);
     let res = app
@@ -462,7 +462,7 @@ async fn external_reference_replays_the_same_order_and_refuses_a_different_one()
 /// created, the others answer it with 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_posts_of_one_reference_create_one_order() {
-    let (env, app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
     let body = order("EXT-CONC", 700);
     let responses = futures_util::future::join_all((0..6).map(|_| app.post_json("/orders", &body))).await;
     let mut created = 0;
@@ -483,7 +483,7 @@ async fn concurrent_posts_of_one_reference_create_one_order() {
 /// Bad order requests get JSON errors (as for transfers) and write nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_order_requests_get_json_errors_and_write_nothing() {
-    let (env, app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
     let json = "application/json";
     let valid = r#""externalReference":"EXT-1","customerId":"C-1","currency":"BRL""#;
     let cases: Vec<(&str, String, StatusCode, &str)> = vec![

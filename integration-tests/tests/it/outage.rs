@@ -261,7 +261,7 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
     let first = env
         .spawn(|c| {
             short_budget(c);
-            c.pipelines.outbox = false;
+            c.pipelines.set("outbox", false);
             c.database.url = tally_engine::config::SecretUrl::new(&proxy_url);
         })
         .await;
@@ -302,7 +302,7 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
     let second = env
         .spawn(|c| {
             short_budget(c);
-            c.pipelines.outbox = false;
+            c.pipelines.set("outbox", false);
         })
         .await;
     wait_until("the second daemon settles the partitions it got", Deadline::DEFAULT, || async {

@@ -48,7 +48,7 @@ async fn waiting_on_locks(db: &TestDb) -> Vec<String> {
 async fn a_stage_holding_every_connection_of_its_pool_starves_no_other_stage() {
     let (env, app) = spawn_app(|c| {
         run_only(c, &["outbox", "ledger", "orders"]);
-        c.database.pools.ledger = Some(LEDGER_POOL);
+        c.database.pools.set(tally_engine::config::DbPool::named("ledger"), LEDGER_POOL);
         c.ledger.max_concurrent_batches = LEDGER_POOL;
         // A transaction per transfer: each holds a connection while it waits.
         c.ledger.batch_size = 1;

@@ -135,7 +135,7 @@ async fn the_authenticated_intake_refuses_requests_without_a_client_token_and_wr
     let env = TestEnv::new().await;
     let app = env
         .spawn(|c| {
-            c.pipelines.outbox = false;
+            c.pipelines.set("outbox", false);
             c.http.intake_auth = true;
             c.http.clients = vec![client("shop", "shop-token"), client("market", "market-token")];
         })
@@ -181,7 +181,7 @@ async fn idempotency_keys_are_scoped_per_client() {
     let env = TestEnv::new().await;
     let app = env
         .spawn(|c| {
-            c.pipelines.outbox = false;
+            c.pipelines.set("outbox", false);
             c.http.admin_token = Secret::new("admin-token");
             c.http.clients = vec![client("shop", "shop-token"), client("market", "market-token")];
         })

@@ -44,7 +44,7 @@ async fn processed(db: &TestDb, id: Uuid) -> i64 {
 /// the same partition and key settles, and the committed offset passes both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_too_large_for_its_dlt_goes_to_the_dead_letters_table_and_its_partition_moves_on() {
-    let (env, app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
     accounts(&env.db, &[("S-A", 1_000), ("S-B", 0)]).await;
     let producer = producer(env.bootstrap());
     const P: i32 = 0;
@@ -91,7 +91,7 @@ async fn a_record_too_large_for_its_dlt_goes_to_the_dead_letters_table_and_its_p
 /// (and partition, offset) dead-letters to its own topic's DLT with its own coordinates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_retry_origin_dead_letters_to_the_records_own_topic() {
-    let (env, _app) = spawn_app(|c| c.pipelines.outbox = false).await;
+    let (env, _app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
     let producer = producer(env.bootstrap());
     let forged = [
         (h::RETRY_ORIGINAL_TOPIC, "transfers.settled"),
@@ -128,7 +128,7 @@ async fn a_forged_retry_origin_dead_letters_to_the_records_own_topic() {
 async fn one_stuck_key_holds_back_at_most_the_uncommitted_window() {
     const WINDOW: usize = 10;
     let (env, _app) = spawn_app(|c| {
-        c.pipelines.outbox = false;
+        c.pipelines.set("outbox", false);
         c.consumer.max_in_flight = 4;
         c.consumer.max_uncommitted = WINDOW;
         c.orders.retry = RetryConfig {

@@ -21,7 +21,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use tally_actors::ledger::plan::{verdict, Effects};
 use tally_actors::ledger::{write_outcomes_and_events, LedgerTopics, SettleOutcome, SettleRequest};
 use tally_actors::store::accounts::{self, PostingColumns};
-use tally_actors::store::check::LedgerCheck;
+use tally_actors::store::invariants::LedgerCheck;
 use tally_actors::store::{build_pool, transfers, PgPool, PoolSettings};
 use tally_schema::events::TransferAnalyzed;
 use tokio::sync::watch;
@@ -149,7 +149,7 @@ async fn serve(
         let _ = task.await;
     }
     let mut conn = pool.get().await.context("cannot reach the database")?;
-    Ok(tally_actors::store::check::check_ledger(&mut conn).await?)
+    Ok(tally_actors::store::invariants::check_ledger(&mut conn).await?)
 }
 
 /// Creates the pool and the consumer and starts a reader per partition; returns the pool

@@ -1,5 +1,4 @@
-//! `[projection]` and `[orders]`: the two stages with little to set: a group, a retry
-//! policy and the projection's batching.
+//! `[projection]`: the status projection's group, retry policy and batching.
 
 use super::*;
 
@@ -15,28 +14,14 @@ pub struct ProjectionConfig {
     pub writers: usize,
 }
 
-/// The order materializer: `orders.received` -> `received_orders`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OrdersConfig {
-    pub group_id: String,
-    pub retry: RetryConfig,
-}
-
 impl Default for ProjectionConfig {
     fn default() -> Self {
         Self { group_id: "tally-projection".into(), retry: RetryConfig::default(), batch_max: 256, writers: 2 }
     }
 }
 
-impl Default for OrdersConfig {
-    fn default() -> Self {
-        Self { group_id: "tally-orders".into(), retry: RetryConfig::default() }
-    }
-}
-
 impl ProjectionConfig {
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         validate_group("projection.group_id", &self.group_id)?;
         if !(1..=10_000).contains(&self.batch_max) {
             return invalid("projection.batch_max", "must be between 1 and 10000");
@@ -45,12 +30,5 @@ impl ProjectionConfig {
             return invalid("projection.writers", "must be between 1 and 64");
         }
         self.retry.validate("projection.retry")
-    }
-}
-
-impl OrdersConfig {
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        validate_group("orders.group_id", &self.group_id)?;
-        self.retry.validate("orders.retry")
     }
 }
