@@ -17,7 +17,7 @@ pub mod backoff;
 pub mod consume;
 pub mod dlt;
 pub mod faults;
-pub mod kafka;
+pub mod kafka_clients;
 pub mod ledger;
 pub mod metrics;
 pub mod notify;

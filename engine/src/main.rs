@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tally_actors::store::migrate;
 use tally_engine::broker::{self, EmbeddedBroker};
-use tally_engine::{app, kafka, sd_notify, telemetry, Config, KafkaEndpoint};
+use tally_engine::{app, sd_notify, telemetry, topics, Config, KafkaEndpoint};
 use tracing::{error, info};
 
 #[derive(Debug, Parser)]
@@ -259,9 +259,9 @@ fn topics_create(config: &Config) -> anyhow::Result<()> {
              Set kafka.brokers (or TALLY__KAFKA__BROKERS) to a cluster's bootstrap list."
         );
     }
-    runtime()?.block_on(kafka::prepare_topics(
+    runtime()?.block_on(topics::prepare_topics(
         &config.kafka,
-        &kafka::topic_specs(config),
+        &topics::topic_specs(config),
         &config.kafka.brokers,
         None,
         true,
@@ -278,7 +278,7 @@ fn topics_list(config: &Config) -> anyhow::Result<()> {
         );
     }
     let listing =
-        runtime()?.block_on(kafka::list_topics(&config.kafka, &kafka::topic_specs(config), &config.kafka.brokers))?;
+        runtime()?.block_on(topics::list_topics(&config.kafka, &topics::topic_specs(config), &config.kafka.brokers))?;
     print!("{listing}");
     Ok(())
 }
@@ -288,11 +288,11 @@ fn run_broker(config: &Config, listen: SocketAddr) -> anyhow::Result<()> {
         let fixed = listen.port() != 0;
         let broker = Arc::new(EmbeddedBroker::start(if fixed { 1 } else { config.kafka.embedded_brokers })?);
         let replication = if fixed { 1 } else { config.kafka.replication_factor };
-        let mut specs = kafka::topic_specs(config);
+        let mut specs = topics::topic_specs(config);
         for spec in &mut specs {
             spec.replication_factor = replication;
         }
-        kafka::prepare_topics(&config.kafka, &specs, broker.bootstrap_servers(), Some(&broker), true).await?;
+        topics::prepare_topics(&config.kafka, &specs, broker.bootstrap_servers(), Some(&broker), true).await?;
         let forwarder = if fixed { Some(broker.serve_fixed(listen).await?) } else { None };
         let bootstrap = if fixed { listen.to_string() } else { broker.bootstrap_servers().to_owned() };
         broker::announce(&broker);

@@ -75,11 +75,11 @@ pub struct AntifraudSpec {
     pub input: String,
     pub analyzed: String,
     pub rejected: String,
-    /// Consumer settings ([`crate::kafka::KafkaClients::group_consumer`]); the stage sets
+    /// Consumer settings ([`crate::kafka_clients::KafkaClients::group_consumer`]); the stage sets
     /// its group, `read_committed` and manual offsets on top.
     pub consumer: ClientConfig,
     /// Transactional producer settings
-    /// ([`crate::kafka::KafkaClients::transactional_producer`]).
+    /// ([`crate::kafka_clients::KafkaClients::transactional_producer`]).
     pub producer: ClientConfig,
     /// Unique per running instance.
     pub transactional_id: String,
@@ -261,7 +261,7 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, risk: &mut Box<dyn RiskEngi
             }
         }
         let mut batch = gather(consumer, spec);
-        if let Some(fatal) = crate::kafka::fatal_consumer_error(consumer.client()) {
+        if let Some(fatal) = crate::kafka_clients::fatal_consumer_error(consumer.client()) {
             return Err(fatal);
         }
         if batch.is_empty() {
@@ -354,7 +354,7 @@ fn gather(consumer: &BaseConsumer<AntifraudContext>, spec: &AntifraudSpec) -> Ve
                 batch.push(record);
                 deadline.get_or_insert_with(|| Instant::now() + spec.max_batch_wait);
             }
-            Some(Err(e)) => crate::kafka::log_consumer_error(PIPELINE, &e),
+            Some(Err(e)) => crate::kafka_clients::log_consumer_error(PIPELINE, &e),
             None => {}
         }
         if deadline.is_none_or(|d| Instant::now() >= d) {

@@ -92,10 +92,10 @@ pub(super) fn drive(
                 route(consumer, shared, Arc::new(record));
                 shared.crashes.hold(None);
             }
-            Some(Err(e)) => crate::kafka::log_consumer_error(&name, &e),
+            Some(Err(e)) => crate::kafka_clients::log_consumer_error(&name, &e),
             None => {}
         }
-        if let Some(fatal) = crate::kafka::fatal_consumer_error(consumer.client()) {
+        if let Some(fatal) = crate::kafka_clients::fatal_consumer_error(consumer.client()) {
             return Err(fatal);
         }
         if shared.pauses().flowing() {

@@ -11,7 +11,7 @@ pub struct PipelineSpec {
     pub name: String,
     pub group_id: String,
     pub topics: Vec<String>,
-    /// Consumer settings ([`crate::kafka::KafkaClients::group_consumer`]); the pipeline
+    /// Consumer settings ([`crate::kafka_clients::KafkaClients::group_consumer`]); the pipeline
     /// sets its group and manual offset storage on top.
     pub client: ClientConfig,
     /// Records in flight per partition before the partition stops fetching.

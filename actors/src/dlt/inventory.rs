@@ -7,7 +7,7 @@ use serde::Serialize;
 use tally_schema::topics;
 
 use super::{Deadline, DltError};
-use crate::kafka::KafkaClients;
+use crate::kafka_clients::KafkaClients;
 
 /// What the DLT administration works on: the Kafka clients of this deployment and the
 /// source topics whose dead letters it manages.

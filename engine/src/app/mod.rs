@@ -22,8 +22,8 @@ use crate::broker::{self, EmbeddedBroker};
 use crate::config::{Config, DbPool};
 use crate::http::intake::IntakeBatch;
 use crate::http::{self, AppState};
-use crate::kafka;
 use crate::stages;
+use crate::topics;
 
 /// Where the daemon's Kafka clients connect.
 mod handle;
@@ -59,12 +59,12 @@ impl KafkaEndpoint {
         let bootstrap =
             embedded.as_ref().map_or_else(|| config.kafka.brokers.clone(), |b| b.bootstrap_servers().to_owned());
         let create = config.kafka.create_topics || embedded.is_some();
-        kafka::prepare_topics(&config.kafka, &kafka::topic_specs(config), &bootstrap, embedded.as_deref(), create)
+        topics::prepare_topics(&config.kafka, &topics::topic_specs(config), &bootstrap, embedded.as_deref(), create)
             .await?;
         if embedded.is_none() {
             // The embedded broker speaks both protocols.
             let topic = &config.kafka.topics.transfers_requested;
-            kafka::check_group_protocol(&config.kafka, &bootstrap, topic, &config.instance.id).await?;
+            topics::check_group_protocol(&config.kafka, &bootstrap, topic, &config.instance.id).await?;
         }
         Ok(Self { bootstrap, embedded })
     }
@@ -107,15 +107,19 @@ pub async fn start(
     let running_pools = pools::in_use(&config);
     pools::log(&config, &running_pools);
 
-    let producer: FutureProducer =
-        kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-outbox", config.outbox.send_timeout)
-            .create()
-            .context("cannot create the outbox producer (check kafka.producer settings)")?;
+    let producer: FutureProducer = config
+        .kafka
+        .clients(&kafka.bootstrap)
+        .producer("tally-outbox", config.outbox.send_timeout)
+        .create()
+        .context("cannot create the outbox producer (check kafka.producer settings)")?;
 
-    let dlt_producer: FutureProducer =
-        kafka::producer_config(&config.kafka, &kafka.bootstrap, "tally-dlt", Duration::from_secs(30))
-            .create()
-            .context("cannot create the dead-letter producer (check kafka.producer settings)")?;
+    let dlt_producer: FutureProducer = config
+        .kafka
+        .clients(&kafka.bootstrap)
+        .producer("tally-dlt", Duration::from_secs(30))
+        .create()
+        .context("cannot create the dead-letter producer (check kafka.producer settings)")?;
     let wiring = stages::Wiring {
         config: &config,
         bootstrap: &kafka.bootstrap,

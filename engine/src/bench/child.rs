@@ -69,7 +69,7 @@ impl<'a> Site<'a> {
         let mut config = self.base.clone();
         config.kafka.topics.transfers_analyzed.clone_from(&topic);
         config.kafka.replication_factor = 1;
-        for spec in crate::kafka::topic_specs(&config) {
+        for spec in crate::topics::topic_specs(&config) {
             self.broker.create_topic_if_missing(&spec.name, spec.partitions, 1)?;
         }
         Ok((topic, format!("bench-{scenario}-{name}")))

@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 use crate::broker::EmbeddedBroker;
-use crate::{kafka, Config};
+use crate::{topics, Config};
 
 /// Which cluster (`--broker`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -98,8 +98,8 @@ impl Cluster {
     /// When the cluster refuses or does not answer.
     pub async fn create_topics(&self, config: &Config) -> anyhow::Result<()> {
         let embedded = self.embedded();
-        let specs = kafka::topic_specs(config);
-        kafka::prepare_topics(&config.kafka, &specs, &self.bootstrap(), embedded.as_deref(), true).await
+        let specs = topics::topic_specs(config);
+        topics::prepare_topics(&config.kafka, &specs, &self.bootstrap(), embedded.as_deref(), true).await
     }
 }
 

@@ -3,7 +3,7 @@
 //! `[kafka.topics]` (module `topics`).
 
 use super::*;
-pub use tally_actors::kafka::GroupProtocol;
+pub use tally_actors::kafka_clients::GroupProtocol;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -75,14 +75,14 @@ impl KafkaConfig {
     /// every hop of a record (a Kafka broker answers as soon as records arrive). It costs
     /// the idle daemon about 10% more of a core in fetch requests.
     #[must_use]
-    pub fn clients(&self, bootstrap: &str) -> tally_actors::kafka::KafkaClients {
+    pub fn clients(&self, bootstrap: &str) -> tally_actors::kafka_clients::KafkaClients {
         let mut consumer = (*self.consumer).clone();
         if self.is_embedded() {
             consumer.entry("fetch.wait.max.ms".into()).or_insert_with(|| EMBEDDED_FETCH_WAIT_MS.into());
         }
         // Group members get it from the builder; readers, which join no group, stay classic.
         consumer.remove(GROUP_PROTOCOL_KEY);
-        tally_actors::kafka::KafkaClients::new(bootstrap, consumer, (*self.producer).clone())
+        tally_actors::kafka_clients::KafkaClients::new(bootstrap, consumer, (*self.producer).clone())
             .with_group_protocol(self.effective_group_protocol())
     }
 

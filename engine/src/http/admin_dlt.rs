@@ -151,7 +151,10 @@ fn dry_run_body(records: Vec<Value>, report: dlt::DryRun) -> Value {
 }
 
 fn replay_producer(state: &AppState) -> Result<rdkafka::producer::FutureProducer, ApiError> {
-    crate::kafka::producer_config(&state.kafka, &state.bootstrap, "tally-dlt-replay", REPLAY_SEND_TIMEOUT)
+    state
+        .kafka
+        .clients(&state.bootstrap)
+        .producer("tally-dlt-replay", REPLAY_SEND_TIMEOUT)
         .create()
         .map_err(|e| ApiError::Internal(format!("cannot create the replay producer: {e}")))
 }

@@ -31,8 +31,8 @@ fn tally(args: &[&str]) -> (bool, String, String) {
 async fn env_with_topics() -> TestEnv {
     let env = TestEnv::new().await;
     let config = env.config();
-    let specs = tally_engine::kafka::topic_specs(&config);
-    tally_engine::kafka::prepare_topics(&config.kafka, &specs, env.bootstrap(), Some(&env.broker), true)
+    let specs = tally_engine::topics::topic_specs(&config);
+    tally_engine::topics::prepare_topics(&config.kafka, &specs, env.bootstrap(), Some(&env.broker), true)
         .await
         .expect("create the topics");
     env

@@ -235,7 +235,7 @@ async fn a_crashing_record_restarts_its_stage_twice_then_is_dead_lettered() {
     use tally_integration_tests::hostile::RawRecord;
     let env = tally_integration_tests::TestEnv::new().await;
     tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
-    for spec in tally_engine::kafka::topic_specs(&tally_engine::Config::default()) {
+    for spec in tally_engine::topics::topic_specs(&tally_engine::Config::default()) {
         env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
     }
     let (intake, admin) = (tally_integration_tests::free_addr(), tally_integration_tests::free_addr());

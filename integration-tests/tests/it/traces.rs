@@ -123,7 +123,7 @@ async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver, e
     // The child does not create topics (the mock has no Admin API): the harness does.
     let mut config = tally_engine::Config::default();
     config.notifications.webhook_url = tally_engine::config::SecretUrl::new(webhook.url.clone());
-    for spec in tally_engine::kafka::topic_specs(&config) {
+    for spec in tally_engine::topics::topic_specs(&config) {
         env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
     }
     let (intake, admin) = (free_addr(), free_addr());

@@ -44,10 +44,12 @@ impl ClassicRelay {
             application_name: "tally-bench-relay".into(),
         })
         .context("cannot build the relay's pool")?;
-        let producer: FutureProducer =
-            crate::kafka::producer_config(&config.kafka, bootstrap, "tally-bench-relay", config.outbox.send_timeout)
-                .create()
-                .context("cannot create the relay's producer")?;
+        let producer: FutureProducer = config
+            .kafka
+            .clients(bootstrap)
+            .producer("tally-bench-relay", config.outbox.send_timeout)
+            .create()
+            .context("cannot create the relay's producer")?;
         let metrics = Metrics::new().context("cannot register metrics")?;
         let parked = Backoff::doubling(config.outbox.parked_retry_initial, config.outbox.parked_retry_max);
         let relay = Arc::new(OutboxRelay::new(pool, producer, metrics, BATCH, parked));

@@ -152,7 +152,7 @@ async fn run(seed: u64, profile: &Profile) -> Run {
     let receiver = receiver(seed, Arc::clone(&progress)).await;
     let mut config = tally_engine::Config::default();
     config.notifications.webhook_url = tally_engine::config::SecretUrl::new(receiver.url.clone());
-    for spec in tally_engine::kafka::topic_specs(&config) {
+    for spec in tally_engine::topics::topic_specs(&config) {
         env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
     }
     let fault = ("TALLY_FAULT", profile.fault.unwrap_or(""));

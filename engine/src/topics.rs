@@ -1,6 +1,6 @@
-//! Kafka client configuration and topic preparation. librdkafka settings stay librdkafka
-//! settings: tally sets safe defaults, then applies `kafka.producer` / `kafka.consumer`
-//! pass-through maps on top.
+//! The topics and the broker at start: which topics tally needs (`topic_specs`), their
+//! lookup and creation, `tally topics list`, and the check of the consumer group protocol.
+//! Every Kafka client's settings are built by `tally_actors::kafka_clients::KafkaClients`.
 //!
 //! At start tally looks its topics up (one metadata request) and creates only the missing
 //! ones, each `-dlt` twin with its source's partition count. A `-dlt` topic with fewer
@@ -16,19 +16,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
-use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
 use tracing::{info, warn};
 
 use crate::broker::EmbeddedBroker;
 use crate::config::{Config, GroupProtocol, KafkaConfig};
-
-/// Producer settings (see [`tally_actors::kafka::KafkaClients::producer`]).
-#[must_use]
-pub fn producer_config(kafka: &KafkaConfig, bootstrap: &str, client_id: &str, send_timeout: Duration) -> ClientConfig {
-    kafka.clients(bootstrap).producer(client_id, send_timeout)
-}
 
 /// One topic tally needs, as it would create it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -292,7 +286,7 @@ pub async fn check_group_protocol(
             if member.context().unsupported.load(Ordering::Relaxed) {
                 return Err(refused("its ApiVersions lists no ConsumerGroupHeartbeat"));
             }
-            if let Some(fatal) = tally_actors::kafka::fatal_consumer_error(member.client()) {
+            if let Some(fatal) = tally_actors::kafka_clients::fatal_consumer_error(member.client()) {
                 return Err(refused(&fatal));
             }
             if member.assignment().is_ok_and(|a| a.count() > 0) {

@@ -5,7 +5,6 @@
 //! Broker: the embedded mock cluster (librdkafka's), one per test. A refused topic is one
 //! whose metadata carries `TOPIC_AUTHORIZATION_FAILED` (`EmbeddedBroker::set_topic_error`),
 //! which the producer takes as a refusal of every record for it, until the test clears it.
-#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::time::Duration;
 

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use tally_integration_tests::{free_addr, tally_binary, TestDb};
 
-use crate::first_run::{start_broker, wait_ready, Proc};
+use crate::startup::{start_broker, wait_ready, Proc};
 
 /// Lines of `log` that mention start-up work other than binding: the database, the broker,
 /// topics, pipelines.
