@@ -40,7 +40,8 @@ package: ## Build the Debian package (release binary, man page, unit, /etc/tally
 	target/release/tally man > target/release/tally.1
 	$$(scripts/ensure-cargo-deb.sh) -p tally-engine --no-build
 
-lint: ## fmt check, clippy -D warnings on all targets, docs
+lint: ## fmt check, clippy -D warnings on all targets, docs, commit subjects
+	scripts/check-commits.sh
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps

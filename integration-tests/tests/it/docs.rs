@@ -107,3 +107,49 @@ fn the_path_finder_finds_paths() {
     let blocks = comments("/// see `docs/\n/// x` and\nfn f() {} // `README.md`\n//! `Makefile`");
     assert_eq!(blocks, [" see `docs/ x` and", " `Makefile`"]);
 }
+
+/// Runs `git` in `dir`, as a fixed author.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .current_dir(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// `scripts/check-commits.sh` (run by `make lint`) refuses a subject over 72 characters and
+/// a body without a blank line after the subject, and passes commits that have neither.
+#[test]
+fn the_commit_check_refuses_long_subjects_and_passes_short_ones() {
+    let dir = std::env::temp_dir().join(format!("tally-commit-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let repo = dir.as_path();
+    git(repo, &["init", "-q"]);
+    git(repo, &["commit", "-q", "--allow-empty", "-m", "Base"]);
+    let base = git(repo, &["rev-parse", "HEAD"]);
+    let check = |since: &str| {
+        std::process::Command::new(root().join("scripts/check-commits.sh"))
+            .env("TALLY_COMMITS_REPO", repo)
+            .env("TALLY_COMMITS_SINCE", since)
+            .output()
+            .expect("the check runs")
+    };
+    git(repo, &["commit", "-q", "--allow-empty", "-m", "Say what changed in few words\n\nWhy, in the body."]);
+    let out = check(&base);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let good = git(repo, &["rev-parse", "HEAD"]);
+    git(repo, &["commit", "-q", "--allow-empty", "-m", &"A subject that goes on and on ".repeat(3)]);
+    let out = check(&good);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("at most 72"), "{said}");
+    git(repo, &["commit", "-q", "--allow-empty", "--cleanup=verbatim", "-m", "Short subject\nbody glued on"]);
+    let glued = git(repo, &["rev-parse", "HEAD"]);
+    let out = check(&format!("{glued}~1"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("blank line"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
