@@ -201,6 +201,9 @@ async fn each_listener_serves_the_openapi_document_of_its_own_paths() {
     let amount = &intake["components"]["schemas"]["CreateTransferBody"]["properties"]["amountCents"];
     assert_eq!(amount["maximum"], json!(app.config.ledger.max_balance_cents));
     assert_eq!(intake["paths"]["/transfers"]["post"]["security"], json!([{"client": []}]));
+    // The console links the admin document.
+    let console = app.admin_get("/").await.text().await.unwrap();
+    assert!(console.contains(r#"<a href="/openapi.json" id="api-doc""#), "the console links the document");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
