@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Tests create a fresh database per test on this server.
 export TALLY_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 
-.PHONY: help run test test-kafka chaos lint fmt migrate broker schema db bench soak profile noida browser package
+.PHONY: help run test test-kafka chaos lint fmt migrate broker schema db bench soak profile noida schemathesis browser package
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -16,7 +16,7 @@ db: ## Make sure the local PostgreSQL is running
 run: db ## Run the daemon on the embedded defaults (local PostgreSQL, in-process Kafka)
 	$(CARGO) run -p tally-engine --bin tally -- run
 
-test: db noida browser ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
+test: db noida schemathesis browser ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
 	$(CARGO) test --workspace --all-targets --no-fail-fast
 
 test-kafka: db ## The transaction tests against another cluster (set TALLY_TEST_KAFKA=host:port)
@@ -33,6 +33,9 @@ browser: ## Install Debian's Chromium and ChromeDriver (the console's browser te
 
 noida: ## Install noida-db (a Kafka with real transactions, for tests) under target/, once
 	@scripts/ensure-noida.sh >/dev/null
+
+schemathesis: ## Install schemathesis (fuzzes the HTTP API from its OpenAPI documents, for tests) under target/, once
+	@scripts/ensure-schemathesis.sh >/dev/null
 
 package: ## Build the Debian package (release binary, man page, unit, /etc/tally/tally.toml) into target/debian/; installs cargo-deb under target/ once
 	@test "$$(uname -s)" = Linux || { echo "The package is a Debian one: build it on Linux."; exit 2; }

@@ -19,6 +19,10 @@ pub enum ValueError {
     /// `at` names the string or key: `lines[0].sku`, `a key of lines[0]`.
     #[error("{at} must not contain the NUL character (U+0000), which the database cannot store")]
     Nul { at: String },
+    /// `at` names a number that `jsonb` keeps but that cannot be read back as JSON (its
+    /// exact decimal, some 309 digits, overflows the reader).
+    #[error("{at} is a number too large to be stored and read back; send it as a string")]
+    Number { at: String },
 }
 
 /// An account id: 1..=32 characters, no whitespace or control characters.
@@ -112,14 +116,15 @@ pub fn parse_text(field: &'static str, value: &str, max: usize) -> Result<String
 }
 
 /// Validates a JSON document kept as it is, such as an order's `lines`: no string and no
-/// object key anywhere in it may hold U+0000, which PostgreSQL's `text` and `jsonb` refuse.
+/// object key anywhere in it may hold U+0000, which PostgreSQL's `text` and `jsonb` refuse,
+/// and no number may be one that `jsonb` gives back as a decimal too long to read.
 /// (The string fields of a body meet the rule through their own: no control characters.)
 ///
 /// # Errors
 /// [`ValueError::Nul`] naming the first string or key that holds U+0000, by its path from
 /// `field`: `lines[0].sku`, `a key of lines[0]`.
 pub fn check_json_text(field: &'static str, value: &serde_json::Value) -> Result<(), ValueError> {
-    let Some(mut path) = nul_in(value) else { return Ok(()) };
+    let Some((flaw, mut path)) = flaw_in(value) else { return Ok(()) };
     path.reverse();
     let key = matches!(path.last(), Some(Step::Key));
     let mut at = field.to_owned();
@@ -134,7 +139,41 @@ pub fn check_json_text(field: &'static str, value: &serde_json::Value) -> Result
             Step::Key => {}
         }
     }
-    Err(ValueError::Nul { at: if key { format!("a key of {at}") } else { at } })
+    Err(match flaw {
+        Flaw::Nul => ValueError::Nul { at: if key { format!("a key of {at}") } else { at } },
+        Flaw::Number => ValueError::Number { at },
+    })
+}
+
+/// What [`check_json_text`] refuses.
+enum Flaw {
+    Nul,
+    Number,
+}
+
+/// The text PostgreSQL's `jsonb` gives back for number `n`: its exact decimal, never with
+/// an exponent (`1e308` comes back as 1 and 308 zeros).
+fn numeric_text(n: &serde_json::Number) -> String {
+    let text = n.to_string();
+    let (mantissa, exponent) = match text.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.parse::<i64>().unwrap_or(0)),
+        None => (text.as_str(), 0),
+    };
+    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{int}{frac}");
+    let point = i64::try_from(int.len()).unwrap_or(0) + exponent;
+    let zeros = |n: i64| "0".repeat(usize::try_from(n).unwrap_or(0));
+    let len = i64::try_from(digits.len()).unwrap_or(0);
+    let body = if point <= 0 {
+        format!("0.{}{digits}", zeros(-point))
+    } else if point >= len {
+        format!("{digits}{}", zeros(point - len))
+    } else {
+        let (a, b) = digits.split_at(usize::try_from(point).unwrap_or(0));
+        format!("{a}.{b}")
+    };
+    format!("{sign}{body}")
 }
 
 /// One step of the path to a U+0000 in a JSON document.
@@ -145,28 +184,32 @@ enum Step<'a> {
     Key,
 }
 
-/// The path to the first U+0000 in `value`, innermost step first. Recursion is bounded by
-/// the nesting that `serde_json` parses (128 levels).
-fn nul_in(value: &serde_json::Value) -> Option<Vec<Step<'_>>> {
+/// The first U+0000 in `value`, or number that could not be read back from `jsonb`, with
+/// its path, innermost step first. Recursion is bounded by the nesting that `serde_json`
+/// parses (128 levels).
+fn flaw_in(value: &serde_json::Value) -> Option<(Flaw, Vec<Step<'_>>)> {
     use serde_json::Value;
     match value {
-        Value::String(s) => s.contains('\0').then(Vec::new),
+        Value::String(s) => s.contains('\0').then(|| (Flaw::Nul, Vec::new())),
+        Value::Number(n) => {
+            serde_json::from_str::<Value>(&numeric_text(n)).is_err().then(|| (Flaw::Number, Vec::new()))
+        }
         Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
-            nul_in(item).map(|mut path| {
+            flaw_in(item).map(|(flaw, mut path)| {
                 path.push(Step::Index(i));
-                path
+                (flaw, path)
             })
         }),
         Value::Object(fields) => fields.iter().find_map(|(name, item)| {
             if name.contains('\0') {
-                return Some(vec![Step::Key]);
+                return Some((Flaw::Nul, vec![Step::Key]));
             }
-            nul_in(item).map(|mut path| {
+            flaw_in(item).map(|(flaw, mut path)| {
                 path.push(Step::Field(name));
-                path
+                (flaw, path)
             })
         }),
-        Value::Null | Value::Bool(_) | Value::Number(_) => None,
+        Value::Null | Value::Bool(_) => None,
     }
 }
 
@@ -190,6 +233,25 @@ mod tests {
             let refused = check(bad.clone()).expect_err(&format!("{bad} accepted"));
             assert!(refused.starts_with(at), "{bad}: {refused}");
         }
+    }
+
+    #[test]
+    fn json_text_refuses_numbers_that_jsonb_would_give_back_unreadable() {
+        let json = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+        for (number, back) in [
+            ("1e308", format!("1{}", "0".repeat(308))),
+            ("-1.5e-7", "-0.00000015".to_owned()),
+            ("1250", "1250".to_owned()),
+            ("12.5", "12.5".to_owned()),
+            ("1.25e2", "125.0".to_owned()),
+        ] {
+            let serde_json::Value::Number(n) = json(number) else { panic!("{number}") };
+            assert_eq!(numeric_text(&n), back, "{number}");
+        }
+        let check = |v: serde_json::Value| check_json_text("lines", &v).map_err(|e| e.to_string());
+        assert_eq!(check(json("[1e308, -1e-300, 1.5, 9223372036854775807]")), Ok(()));
+        let refused = check(json(r#"[{"x": -1.7976931348623157e308}]"#)).expect_err("read back as too large");
+        assert!(refused.starts_with("lines[0].x is a number too large"), "{refused}");
     }
 
     #[test]

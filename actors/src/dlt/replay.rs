@@ -10,11 +10,14 @@ use tally_schema::headers;
 use super::{plan, read, Deadline, DltError, DltRecord, Selection, MAX_REPLAY};
 
 /// The body of `POST /admin/dlt/{topic}/replay`; every field optional, offsets inclusive.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReplayRequest {
+    #[schema(minimum = 0)]
     pub partition: Option<i32>,
+    #[schema(minimum = 0)]
     pub from_offset: Option<i64>,
+    #[schema(minimum = 0)]
     pub to_offset: Option<i64>,
     /// Only records whose key is exactly this (UTF-8) string.
     pub key: Option<String>,

@@ -104,7 +104,7 @@ pub async fn summary(conn: &mut AsyncPgConnection) -> Result<Value, diesel::resu
 }
 
 /// The body of `POST /admin/dlt/dead_letters/replay`; every field optional.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TableReplayRequest {
     /// Only these rows.

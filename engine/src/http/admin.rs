@@ -18,7 +18,7 @@ use tally_actors::store::migrate;
 
 use super::admin_dlt::{self, dlt_inventory};
 use super::auth::Admin;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::AppState;
 
 /// Bound of the DLT gauge refresh inside `/metrics`, which must stay fast.
@@ -44,7 +44,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 }
 
 /// Liveness: the process serves HTTP.
-async fn healthz() -> HttpResponse {
+#[utoipa::path(get, path = "/healthz", tag = "admin", responses((status = 200, description = "`{status: ok}`", body = Object)))]
+pub(super) async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({ "status": "ok" }))
 }
 
@@ -52,7 +53,9 @@ async fn healthz() -> HttpResponse {
 /// can be fetched, every pipeline has received its partition assignment (ready means able
 /// to process), and no pipeline is degraded (waiting for an unavailable dependency). 503
 /// with the reasons otherwise.
-async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+#[utoipa::path(get, path = "/readyz", tag = "admin", responses((status = 200, description = "`{status: ready}`", body = Object),
+    (status = 503, description = "`{status: not_ready, reasons}`", body = Object)))]
+pub(super) async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let mut problems = unassigned_pipelines(&state.stages);
     match state.pool.get().await {
         Ok(mut conn) => match migrate::applied_versions(&mut conn).await {
@@ -119,7 +122,9 @@ fn unassigned_pipelines(stages: &[PipelineControl]) -> Vec<String> {
 /// Prometheus text exposition; the pool gauges are refreshed from the pools, the outbox
 /// gauges from the database and the DLT gauges from Kafka first (the latter bounded by a
 /// short deadline: on timeout the previous values are served).
-async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+#[utoipa::path(get, path = "/metrics", tag = "admin",
+    responses((status = 200, description = "Prometheus text exposition.", body = String, content_type = "text/plain")))]
+pub(super) async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     // First: the refreshes below hold an HTTP connection while they run.
     for (name, pool) in &state.pools {
         tally_actors::store::publish_pool_status(name, pool, &state.metrics);
@@ -139,7 +144,8 @@ const PARKED_ROWS_SHOWN: i64 = 100;
 /// `GET /admin/outbox`: unpublished rows and the oldest one's age, per topic and in total;
 /// the rows the broker refused for good (parked: id, topic, key, reason, since, attempts,
 /// next attempt, rows held behind it; never the payload) and the rows held behind them.
-async fn outbox_backlog(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(get, path = "/admin/outbox", tag = "admin", responses((status = 200, description = "Backlog and parked rows.", body = Object)))]
+pub(super) async fn outbox_backlog(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let unavailable = |e: outbox::OutboxError| ApiError::Unavailable(e.to_string());
     let topics = outbox::refresh_gauges(&state.pool, &state.metrics).await.map_err(unavailable)?;
     let pending: i64 = topics.iter().map(|t| t.pending).sum();
@@ -164,18 +170,29 @@ async fn outbox_backlog(state: web::Data<AppState>) -> Result<HttpResponse, ApiE
 /// `POST /admin/outbox/parked/{id}/retry` (admin token): try parked row `id` again now
 /// rather than at its next attempt. 404 when it is not a parked row (never was, or
 /// published meanwhile).
-async fn outbox_retry(_: Admin, state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    let id = uuid::Uuid::parse_str(&id).map_err(|_| ApiError::BadRequest(format!("{id} is not a row id (UUID)")))?;
+#[utoipa::path(post, path = "/admin/outbox/parked/{id}/retry", tag = "admin", params(("id" = String, Path)),
+    security(("admin" = [])),
+    responses((status = 200, description = "`{retrying}`", body = Object),
+        (status = 404, description = "Not a parked row.", body = ErrorBody)))]
+pub(super) async fn outbox_retry(
+    _: Admin,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = uuid::Uuid::parse_str(&id)
+        .map_err(|e| ApiError::BadRequest(format!("The outbox row id in the path is not a UUID: {e}")))?;
     let due = outbox::retry_parked(&state.pool, Some(id)).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     if due.is_empty() {
-        return Err(ApiError::NotFound(format!("no parked outbox row {id}")));
+        return Err(ApiError::NotFound(format!("There is no parked outbox row {id}")));
     }
     tracing::info!(event_id = %id, "Parked outbox row retried through the admin API.");
     Ok(HttpResponse::Ok().json(json!({ "retrying": due })))
 }
 
 /// `POST /admin/outbox/parked/retry` (admin token): try every parked row again now.
-async fn outbox_retry_all(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(post, path = "/admin/outbox/parked/retry", tag = "admin", security(("admin" = [])),
+    responses((status = 200, description = "`{retrying}`", body = Object)))]
+pub(super) async fn outbox_retry_all(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let due = outbox::retry_parked(&state.pool, None).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     tracing::info!(rows = due.len(), "Every parked outbox row retried through the admin API.");
     Ok(HttpResponse::Ok().json(json!({ "retrying": due })))
@@ -183,7 +200,10 @@ async fn outbox_retry_all(_: Admin, state: web::Data<AppState>) -> Result<HttpRe
 
 /// `GET /admin/ledger/check`: the ledger invariants (also published as
 /// `tally_ledger_invariant_ok` gauges). 200 when all hold, 409 otherwise.
-async fn ledger_check(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(get, path = "/admin/ledger/check", tag = "admin",
+    responses((status = 200, description = "Every invariant holds.", body = Object),
+        (status = 409, description = "An invariant is broken.", body = Object)))]
+pub(super) async fn ledger_check(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let mut conn = state.pool.get().await?;
     let check = tally_actors::store::invariants::check_ledger(&mut conn).await?;
     tally_actors::store::invariants::publish(&check, &state.metrics);
@@ -192,7 +212,8 @@ async fn ledger_check(state: web::Data<AppState>) -> Result<HttpResponse, ApiErr
 
 /// `GET /admin/pipelines`: per pipeline its group, assigned partitions with committed and
 /// stored offsets, lag and in-flight records, whether it is paused, and keys in retry.
-async fn pipelines(state: web::Data<AppState>) -> HttpResponse {
+#[utoipa::path(get, path = "/admin/pipelines", tag = "admin", responses((status = 200, description = "`{pipelines}`", body = Object)))]
+pub(super) async fn pipelines(state: web::Data<AppState>) -> HttpResponse {
     let all: Vec<_> = state.stages.iter().map(tally_actors::consume::PipelineControl::status).collect();
     HttpResponse::Ok().json(json!({ "pipelines": all }))
 }
@@ -202,26 +223,40 @@ fn stage<'a>(state: &'a AppState, name: &str) -> Result<&'a tally_actors::consum
         .stages
         .iter()
         .find(|s| s.name() == name)
-        .ok_or_else(|| ApiError::NotFound(format!("no running pipeline named {name}")))
+        .ok_or_else(|| ApiError::NotFound(format!("No pipeline named {name} runs here")))
 }
 
 /// `POST /admin/pipelines/{name}/pause` (admin token): stop fetching; in-flight records
 /// finish and lag grows until resumed. Answers once the pipeline applied the pause.
-async fn pause(_: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(post, path = "/admin/pipelines/{name}/pause", tag = "admin", params(("name" = String, Path)),
+    security(("admin" = [])),
+    responses((status = 200, description = "Paused.", body = Object), (status = 404, description = "No such pipeline.", body = ErrorBody)))]
+pub(super) async fn pause(
+    _: Admin,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let control = stage(&state, &name)?.clone();
     tracing::info!(pipeline = %name, "Pause requested through the admin API.");
     if !web::block(move || control.pause()).await.unwrap_or(false) {
-        return Err(ApiError::Unavailable(format!("pipeline {name} did not confirm the pause")));
+        return Err(ApiError::Unavailable(format!("Pipeline {name} did not confirm the pause")));
     }
     Ok(HttpResponse::Ok().json(json!({ "pipeline": *name, "paused": true })))
 }
 
 /// `POST /admin/pipelines/{name}/resume` (admin token).
-async fn resume(_: Admin, state: web::Data<AppState>, name: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(post, path = "/admin/pipelines/{name}/resume", tag = "admin", params(("name" = String, Path)),
+    security(("admin" = [])),
+    responses((status = 200, description = "Resumed.", body = Object), (status = 404, description = "No such pipeline.", body = ErrorBody)))]
+pub(super) async fn resume(
+    _: Admin,
+    state: web::Data<AppState>,
+    name: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
     let control = stage(&state, &name)?.clone();
     tracing::info!(pipeline = %name, "Resume requested through the admin API.");
     if !web::block(move || control.resume()).await.unwrap_or(false) {
-        return Err(ApiError::Unavailable(format!("pipeline {name} did not confirm the resume")));
+        return Err(ApiError::Unavailable(format!("Pipeline {name} did not confirm the resume")));
     }
     Ok(HttpResponse::Ok().json(json!({ "pipeline": *name, "paused": false })))
 }

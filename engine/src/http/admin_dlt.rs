@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::Admin;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::AppState;
 use crate::dlt::{self, table};
 
@@ -44,6 +44,7 @@ pub(super) async fn dlt_inventory(
 /// `GET /admin/dlt`: every DLT topic of this configuration with its record count (high
 /// minus low watermark, summed over partitions) and per-partition counts, and the
 /// `dead_letters` table's rows (`deadLetters`: in all, not yet replayed, per topic).
+#[utoipa::path(get, path = "/admin/dlt", tag = "admin", responses((status = 200, description = "`{records, topics, deadLetters}`", body = Object)))]
 pub(super) async fn dlt_list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let topics = dlt_inventory(&state, DLT_DEADLINE).await?;
     let records: i64 = topics.iter().map(|t| t.records).sum();
@@ -61,12 +62,25 @@ fn known_dlt(state: &AppState, topic: &str) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::NotFound(format!("{topic} is not a DLT topic of this configuration")))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ReadQuery {
+    #[param(minimum = 0)]
     partition: Option<i32>,
+    #[param(minimum = 0)]
     offset: Option<i64>,
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
+}
+
+/// PostgreSQL's text cannot hold U+0000: a value with one selects nothing, so it is refused
+/// before any query.
+fn no_nul(field: &str, value: Option<&str>) -> Result<(), ApiError> {
+    if value.is_some_and(|v| v.contains('\0')) {
+        return Err(ApiError::BadRequest(format!("{field} must not contain the NUL character (U+0000)")));
+    }
+    Ok(())
 }
 
 fn check_limit(limit: Option<usize>) -> Result<usize, ApiError> {
@@ -74,7 +88,7 @@ fn check_limit(limit: Option<usize>) -> Result<usize, ApiError> {
     if (1..=dlt::MAX_LIMIT).contains(&limit) {
         Ok(limit)
     } else {
-        Err(ApiError::BadRequest(format!("limit must be between 1 and {}", dlt::MAX_LIMIT)))
+        Err(ApiError::BadRequest(format!("The limit parameter must be between 1 and {}", dlt::MAX_LIMIT)))
     }
 }
 
@@ -84,6 +98,10 @@ fn check_limit(limit: Option<usize>) -> Result<usize, ApiError> {
 /// keys and payloads are UTF-8 text when they are, else base64 (`encoding`); payloads that
 /// parse as JSON are JSON. `next` says where the following page starts (null: nothing
 /// left as of this request).
+#[utoipa::path(get, path = "/admin/dlt/{topic}", tag = "admin", params(("topic" = String, Path), ReadQuery),
+    security(("admin" = [])),
+    responses((status = 200, description = "`{topic, count, records, next}`", body = Object),
+        (status = 404, description = "Not a DLT topic of this configuration.", body = ErrorBody)))]
 pub(super) async fn dlt_read(
     _: Admin,
     state: web::Data<AppState>,
@@ -94,10 +112,10 @@ pub(super) async fn dlt_read(
     known_dlt(&state, &topic)?;
     let q = query.into_inner();
     if q.partition.is_some_and(|p| p < 0) {
-        return Err(ApiError::BadRequest("partition must be >= 0".into()));
+        return Err(ApiError::BadRequest("The partition parameter must be 0 or more".into()));
     }
     if q.offset.is_some_and(|o| o < 0) {
-        return Err(ApiError::BadRequest("offset must be >= 0".into()));
+        return Err(ApiError::BadRequest("The offset parameter must be 0 or more".into()));
     }
     let limit = check_limit(q.limit)?;
     let selection =
@@ -119,8 +137,9 @@ pub(super) async fn dlt_read(
     })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ReplayQuery {
     #[serde(rename = "dryRun")]
     dry_run: Option<bool>,
@@ -180,6 +199,12 @@ fn replay_producer(state: &AppState) -> Result<rdkafka::producer::FutureProducer
 /// Replaying does not delete the DLT records: Kafka cannot delete single records, so
 /// they stay until retention removes them, and replaying them again republishes them
 /// again. The consumers' inbox tables absorb such duplicates.
+#[utoipa::path(post, path = "/admin/dlt/{topic}/replay", tag = "admin", params(("topic" = String, Path), ReplayQuery),
+    request_body(content = Option<dlt::ReplayRequest>, description = "Optional: narrows the selection."),
+    security(("admin" = [])),
+    responses((status = 200, description = "`{replayed, records}`, or the dry run.", body = Object),
+        (status = 404, description = "Not a DLT topic of this configuration.", body = ErrorBody),
+        (status = 409, description = "A record lacks its origin: nothing replayed.", body = ErrorBody)))]
 pub(super) async fn dlt_replay(
     _: Admin,
     state: web::Data<AppState>,
@@ -240,10 +265,12 @@ pub(super) async fn dlt_replay(
     Ok(HttpResponse::Ok().json(json!({ "replayed": done.len(), "records": done })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 pub(super) struct TableQuery {
     after: Option<i64>,
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
     original_topic: Option<String>,
 }
@@ -253,6 +280,8 @@ pub(super) struct TableQuery {
 /// (default 100, max 1000), each viewed like a DLT topic record (its `partition` and
 /// `offset` are the original ones) plus `id`, `dltError`, `createdAt`, `replayedAt`.
 /// `next` is the `after` of the following page (null: nothing left).
+#[utoipa::path(get, path = "/admin/dlt/dead_letters", tag = "admin", params(TableQuery), security(("admin" = [])),
+    responses((status = 200, description = "`{table, count, records, next}`", body = Object)))]
 pub(super) async fn dead_letters_read(
     _: Admin,
     state: web::Data<AppState>,
@@ -260,6 +289,7 @@ pub(super) async fn dead_letters_read(
 ) -> Result<HttpResponse, ApiError> {
     let q = query.into_inner();
     let limit = check_limit(q.limit)?;
+    no_nul("originalTopic", q.original_topic.as_deref())?;
     let mut conn = state.pool.get().await?;
     let rows = table::browse(&mut conn, q.after.unwrap_or(0), limit as i64, q.original_topic.as_deref()).await?;
     let next = if rows.len() == limit { rows.last().map(|r| r.id) } else { None };
@@ -280,6 +310,11 @@ pub(super) async fn dead_letters_read(
 /// selection; by default every row not yet replayed. A row whose topic is not one of this
 /// configuration's is refused (409) and nothing is replayed. `dryRun=true` answers like
 /// the topics' dry run, each record with its `id`.
+#[utoipa::path(post, path = "/admin/dlt/dead_letters/replay", tag = "admin", params(ReplayQuery),
+    request_body(content = Option<dlt::table::TableReplayRequest>, description = "Optional: narrows the selection."),
+    security(("admin" = [])),
+    responses((status = 200, description = "`{replayed, records}`, or the dry run.", body = Object),
+        (status = 409, description = "A row names a topic this configuration does not use.", body = ErrorBody)))]
 pub(super) async fn dead_letters_replay(
     _: Admin,
     state: web::Data<AppState>,
@@ -287,6 +322,8 @@ pub(super) async fn dead_letters_replay(
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
     let request = table::TableReplayRequest::parse(&body)?;
+    no_nul("originalTopic", request.original_topic.as_deref())?;
+    no_nul("key", request.key.as_deref())?;
     let rows = {
         let mut conn = state.pool.get().await?;
         table::select(&mut conn, &request).await?

@@ -20,7 +20,7 @@ use tally_schema::events::derived_event_id;
 use uuid::Uuid;
 
 use super::auth::Admin;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::intake::TransferView;
 use super::AppState;
 use crate::config::TopicsConfig;
@@ -52,33 +52,48 @@ fn asset(content_type: &'static str, body: &'static str) -> HttpResponse {
         .body(body)
 }
 
-async fn index() -> HttpResponse {
+#[utoipa::path(get, path = "/", tag = "console",
+    responses((status = 200, description = "The operator console.", body = String, content_type = "text/html")))]
+pub(super) async fn index() -> HttpResponse {
     asset("text/html; charset=utf-8", INDEX_HTML)
 }
 
-async fn app_js() -> HttpResponse {
+#[utoipa::path(get, path = "/console/app.js", tag = "console",
+    responses((status = 200, description = "The console's script.", body = String, content_type = "text/javascript")))]
+pub(super) async fn app_js() -> HttpResponse {
     asset("text/javascript; charset=utf-8", APP_JS)
 }
 
-async fn app_css() -> HttpResponse {
+#[utoipa::path(get, path = "/console/app.css", tag = "console",
+    responses((status = 200, description = "The console's styles.", body = String, content_type = "text/css")))]
+pub(super) async fn app_css() -> HttpResponse {
     asset("text/css; charset=utf-8", APP_CSS)
 }
 
 /// `GET /admin/token` (admin token): 200 when the request carries the admin token. Touches
 /// neither the database nor Kafka, so the console can take the token while they are down.
-async fn token(_: Admin) -> HttpResponse {
+#[utoipa::path(get, path = "/admin/token", tag = "console", security(("admin" = [])),
+    responses((status = 200, description = "`{ok: true}`: the token is right.", body = Object)))]
+pub(super) async fn token(_: Admin) -> HttpResponse {
     HttpResponse::Ok().json(json!({ "ok": true }))
 }
 
 /// `GET /admin/transfers/{id}` (admin token).
-async fn transfer(_: Admin, state: web::Data<AppState>, id: web::Path<Uuid>) -> Result<HttpResponse, ApiError> {
+#[utoipa::path(get, path = "/admin/transfers/{id}", tag = "console", params(("id" = Uuid, Path)), security(("admin" = [])),
+    responses((status = 200, description = "The transfer, its decision, postings and timeline.", body = Object),
+        (status = 404, description = "No such transfer.", body = ErrorBody)))]
+pub(super) async fn transfer(
+    _: Admin,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     let mut conn = state.pool.get().await?;
     let events: Vec<Uuid> =
         [REQUESTED_KIND, SETTLED_KIND, REJECTED_KIND].iter().map(|kind| derived_event_id(kind, id)).collect();
     let story = lookup::transfer_story(&mut conn, id, &events)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("transfer {id} does not exist")))?;
+        .ok_or_else(|| ApiError::NotFound(format!("Transfer {id} does not exist")))?;
     Ok(HttpResponse::Ok().json(view(&story, &state.topics)))
 }
 

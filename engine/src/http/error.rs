@@ -1,11 +1,49 @@
 //! The HTTP error type: every variant maps to one status and a JSON body
-//! `{"error": {"code": "...", "message": "..."}}`.
+//! `{"error": {"code": "...", "message": "..."}}` ([`ErrorBody`]) whose message is a
+//! sentence; actix's own refusals (a path, query or body that cannot be read, a method a
+//! route does not take) are worded the same way.
 
+use actix_web::body::{BoxBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::error::JsonPayloadError;
-use actix_web::http::StatusCode;
+use actix_web::http::{header, StatusCode};
+use actix_web::middleware::Next;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
-use serde_json::json;
+use serde::Serialize;
 use tracing::error;
+
+/// Every error answer of both listeners.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// What went wrong: a stable code for programs, a sentence for people.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable and machine-readable, e.g. `validation_failed`, `not_found`.
+    #[schema(example = "validation_failed")]
+    pub code: String,
+    /// What was refused and why, as a sentence.
+    #[schema(example = "currency must be 3 uppercase letters (ISO 4217), e.g. \"BRL\".")]
+    pub message: String,
+}
+
+impl ErrorBody {
+    fn new(code: &str, message: &str) -> Self {
+        Self { error: ErrorDetail { code: code.to_owned(), message: sentence(message) } }
+    }
+}
+
+/// `message` ending as a sentence does.
+fn sentence(message: &str) -> String {
+    let message = message.trim_end();
+    if message.ends_with(['.', '?', '!']) {
+        message.to_owned()
+    } else {
+        format!("{message}.")
+    }
+}
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -16,30 +54,33 @@ pub enum ApiError {
     /// A field is present but its value breaks a rule.
     #[error("{0}")]
     Validation(String),
-    #[error("request body must be JSON (Content-Type: application/json)")]
+    #[error("The request body must be JSON, sent with Content-Type: application/json")]
     UnsupportedMediaType,
-    #[error("request body exceeds the limit of {limit} bytes")]
+    #[error("The request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// The path is a route's, but not with this method: `allowed` lists those it takes.
+    #[error("{method} {path} is not served; this path takes {allowed}")]
+    MethodNotAllowed { method: String, path: String, allowed: String },
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
-    #[error("authorization required: send Authorization: Bearer <admin token>")]
+    #[error("This needs the admin token: send Authorization: Bearer <http.admin_token>")]
     Unauthorized,
-    #[error("the admin token is not valid")]
+    #[error("The admin token is not valid, or none is configured (http.admin_token)")]
     Forbidden,
     /// The intake's request carried no valid API client token (`http.intake_auth`).
-    #[error("authentication required: send Authorization: Bearer <API client token>")]
+    #[error("This needs an API client's token: send Authorization: Bearer <client token>")]
     ClientUnauthorized,
-    #[error("service unavailable: {0}")]
+    #[error("The service is unavailable: {0}")]
     Unavailable(String),
     /// The write may or may not have committed (the connection was lost during it): retry
     /// only with the same `Idempotency-Key`.
-    #[error("the outcome is unknown ({0}): retry only with the same Idempotency-Key")]
+    #[error("The outcome is unknown ({0}): retry only with the same Idempotency-Key")]
     OutcomeUnknown(String),
-    #[error("internal error")]
+    #[error("Something went wrong inside the server; the log says what")]
     Internal(String),
 }
 
@@ -54,6 +95,7 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::BadRequest(_) => "bad_request",
             Self::NotFound(_) => "not_found",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::Conflict { code, .. } => code,
             Self::Unauthorized | Self::ClientUnauthorized => "unauthorized",
             Self::Forbidden => "forbidden",
@@ -72,6 +114,7 @@ impl ResponseError for ApiError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::Unauthorized | Self::ClientUnauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
@@ -88,7 +131,10 @@ impl ResponseError for ApiError {
         if matches!(self, Self::Unauthorized | Self::ClientUnauthorized) {
             response.insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"));
         }
-        response.json(json!({ "error": { "code": self.code(), "message": self.to_string() } }))
+        if let Self::MethodNotAllowed { allowed, .. } = self {
+            response.insert_header((header::ALLOW, allowed.as_str()));
+        }
+        response.json(ErrorBody::new(self.code(), &self.to_string()))
     }
 }
 
@@ -123,25 +169,92 @@ pub fn json_error(err: JsonPayloadError, _: &HttpRequest) -> actix_web::Error {
         JsonPayloadError::OverflowKnownLength { limit, .. } | JsonPayloadError::Overflow { limit } => {
             ApiError::PayloadTooLarge { limit }
         }
-        JsonPayloadError::Deserialize(e) => ApiError::InvalidBody(format!("invalid JSON body: {e}")),
-        other => ApiError::InvalidBody(format!("cannot read JSON body: {other}")),
+        JsonPayloadError::Deserialize(e) if e.is_data() => {
+            ApiError::InvalidBody(format!("The request body does not have the expected fields: {e}"))
+        }
+        JsonPayloadError::Deserialize(e) => ApiError::InvalidBody(format!("The request body is not valid JSON: {e}")),
+        other => ApiError::InvalidBody(format!("The request body could not be read: {other}")),
     };
     api.into()
 }
 
-/// Maps path-parameter failures (e.g. a malformed UUID) to [`ApiError`].
-pub fn path_error(err: actix_web::error::PathError, _: &HttpRequest) -> actix_web::Error {
-    ApiError::BadRequest(format!("invalid path parameter: {err}")).into()
+/// Maps path-parameter failures (e.g. a malformed UUID) to [`ApiError`], naming the
+/// parameter by the route: "The transfer id in the path is not a UUID: ...".
+pub fn path_error(err: actix_web::error::PathError, req: &HttpRequest) -> actix_web::Error {
+    let actix_web::error::PathError::Deserialize(detail) = &err else {
+        return ApiError::BadRequest(format!("The path could not be read: {err}")).into();
+    };
+    let what = req.match_pattern().map_or_else(|| "parameter".to_owned(), |p| path_parameter(&p));
+    let detail = detail.to_string();
+    ApiError::BadRequest(match detail.strip_prefix("UUID parsing failed: ") {
+        Some(why) => format!("The {what} in the path is not a UUID (like 0192f0c4-5b6e-7d8f-9a0b-1c2d3e4f5a6b): {why}"),
+        None => format!("The {what} in the path could not be read: {detail}"),
+    })
+    .into()
+}
+
+/// What the first parameter of route `pattern` names: `/orders/{id}` -> "order id".
+fn path_parameter(pattern: &str) -> String {
+    let segments: Vec<&str> = pattern.split('/').filter(|s| !s.is_empty()).collect();
+    let Some(at) = segments.iter().position(|s| s.starts_with('{')) else { return "parameter".into() };
+    let name = segments[at].trim_matches(['{', '}']);
+    match at.checked_sub(1).map(|i| segments[i]) {
+        Some(thing) => format!("{} {name}", thing.strip_suffix('s').unwrap_or(thing).replace('_', " ")),
+        None => name.to_owned(),
+    }
 }
 
 /// Maps query-string failures to [`ApiError`].
 pub fn query_error(err: actix_web::error::QueryPayloadError, _: &HttpRequest) -> actix_web::Error {
-    ApiError::BadRequest(format!("invalid query string: {err}")).into()
+    let detail = match &err {
+        actix_web::error::QueryPayloadError::Deserialize(e) => e.to_string(),
+        other => other.to_string(),
+    };
+    ApiError::BadRequest(format!(
+        "The query string could not be read ({detail}): check each parameter's name and that numbers are integers"
+    ))
+    .into()
 }
 
-/// The JSON 404 for unknown routes.
-pub async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
-    Err(ApiError::NotFound(format!("no route for {} {}", req.method(), req.path())))
+/// Gives every error answer that is not JSON yet (a method the route does not take,
+/// anything actix refuses before a handler runs) the JSON body of [`ErrorBody`], keeping
+/// its status and headers (`Allow`, `WWW-Authenticate`).
+///
+/// # Errors
+/// Those of the wrapped service.
+pub async fn json_errors(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
+    let res = next.call(req).await?;
+    let status = res.status();
+    let json = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return Ok(res.map_into_boxed_body());
+    }
+    let (req, old) = res.into_parts();
+    let (code, message) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allowed = old.headers().get(header::ALLOW).and_then(|v| v.to_str().ok()).unwrap_or("other methods");
+            ("method_not_allowed", format!("{} {} is not served; this path takes {allowed}", req.method(), req.path()))
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => ("payload_too_large", "The request body is too large".to_owned()),
+        s if s.is_server_error() => {
+            ("internal", "Something went wrong inside the server; the log says what".to_owned())
+        }
+        s => ("bad_request", format!("The request was refused ({s})")),
+    };
+    let mut new = HttpResponse::build(status);
+    for (name, value) in old.headers() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            new.append_header((name.clone(), value.clone()));
+        }
+    }
+    Ok(ServiceResponse::new(req, new.json(ErrorBody::new(code, &message))))
 }
 
 impl From<crate::dlt::DltError> for ApiError {

@@ -1,4 +1,5 @@
-//! Intake endpoints: transfers and accounts.
+//! Intake endpoints of transfers (those of accounts are in `accounts`, of orders in
+//! `orders`).
 
 use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -7,7 +8,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use tally_actors::trace;
-use tally_schema::models::{Account, Posting, Transfer};
+use tally_schema::models::Transfer;
 use tally_schema::values::parse_amount;
 use tally_schema::{AccountId, Currency};
 use tracing::field::{display, Empty};
@@ -15,19 +16,26 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::AppState;
-use tally_actors::store::accounts;
 use tally_actors::store::group_commit::{Batch, Refusal};
 use tally_actors::store::transfers::{self, Created, Intake, TransferRequest};
 use tally_actors::supervise::{Classify, ErrorClass};
 
-#[derive(Debug, Deserialize)]
+/// A transfer to create. `amountCents` is at most `ledger.max_balance_cents` (the served
+/// document states this daemon's); the two accounts differ.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateTransferBody {
+    /// 1 to 32 characters, no whitespace or control characters.
+    #[schema(pattern = r"^[^\s\x00-\x1f\x7f-\x9f]{1,32}$", example = "acc-alice")]
     source_account: String,
+    #[schema(pattern = r"^[^\s\x00-\x1f\x7f-\x9f]{1,32}$", example = "acc-bob")]
     destination_account: String,
+    #[schema(value_type = i64, minimum = 1, example = 1250)]
     amount_cents: serde_json::Number,
+    /// ISO 4217.
+    #[schema(pattern = r"^[A-Z]{3}$", example = "BRL")]
     currency: String,
 }
 
@@ -52,7 +60,7 @@ impl CreateTransferBody {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TransferView {
     id: Uuid,
@@ -60,6 +68,7 @@ pub struct TransferView {
     destination_account: String,
     amount_cents: i64,
     currency: String,
+    /// `PENDING`, then `SETTLED`, `REJECTED` or `BLOCKED`.
     status: String,
     rejection_reason: Option<String>,
     /// The API client that created it; `null` when the intake did not authenticate it.
@@ -95,6 +104,16 @@ impl From<Transfer> for TransferView {
 /// of the transfer's trace: a child of
 /// the request's `traceparent` when it has a valid one, else the root of a new trace. The
 /// traceparent stored with the outbox row names this span when traces are exported.
+#[utoipa::path(post, path = "/transfers", tag = "intake",
+    params(("Idempotency-Key" = Option<String>, Header, pattern = r"^[\x21-\x7e]{1,255}$",
+        description = "Makes retries safe: a replay answers 200 with the original.")),
+    request_body = CreateTransferBody,
+    responses(
+        (status = 201, description = "Created and queued for the ledger.", body = TransferView),
+        (status = 200, description = "A replay of the request of this Idempotency-Key.", body = TransferView),
+        (status = 409, description = "This Idempotency-Key was used with another request.", body = ErrorBody),
+        (status = 422, description = "A value breaks its rule.", body = ErrorBody),
+        (status = 500, description = "outcome_unknown: retry with the same Idempotency-Key.", body = ErrorBody)))]
 pub async fn create_transfer(
     caller: Caller,
     state: web::Data<AppState>,
@@ -233,6 +252,9 @@ fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
 }
 
 /// `GET /transfers/{id}`: an API client sees its own transfers only.
+#[utoipa::path(get, path = "/transfers/{id}", tag = "intake", params(("id" = Uuid, Path)),
+    responses((status = 200, description = "The transfer.", body = TransferView),
+        (status = 404, description = "No such transfer (of this client).", body = ErrorBody)))]
 pub async fn get_transfer(
     caller: Caller,
     state: web::Data<AppState>,
@@ -242,119 +264,6 @@ pub async fn get_transfer(
     let transfer = transfers::find_transfer(&mut conn, *id)
         .await?
         .filter(|t| caller.may_see(&t.client))
-        .ok_or_else(|| ApiError::NotFound(format!("transfer {id} does not exist")))?;
+        .ok_or_else(|| ApiError::NotFound(format!("Transfer {id} does not exist")))?;
     Ok(HttpResponse::Ok().json(TransferView::from(transfer)))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CreateAccountBody {
-    id: String,
-    currency: String,
-    initial_balance_cents: serde_json::Number,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AccountView {
-    id: String,
-    currency: String,
-    balance_cents: i64,
-}
-
-impl From<Account> for AccountView {
-    fn from(a: Account) -> Self {
-        Self { id: a.id, currency: a.currency, balance_cents: a.balance_cents }
-    }
-}
-
-/// `POST /accounts`: 201 with the account; 409 when the id exists.
-pub async fn create_account(
-    _caller: Caller,
-    state: web::Data<AppState>,
-    body: web::Json<CreateAccountBody>,
-) -> Result<HttpResponse, ApiError> {
-    let body = body.into_inner();
-    let id = AccountId::parse("id", &body.id)?;
-    let currency = Currency::parse("currency", &body.currency)?;
-    let max = state.max_balance_cents;
-    let balance =
-        body.initial_balance_cents.as_i64().filter(|b| (0..=max).contains(b)).ok_or_else(|| {
-            ApiError::Validation(format!("initialBalanceCents must be an integer between 0 and {max}"))
-        })?;
-    let mut conn = state.pool.get().await?;
-    match accounts::create_account(&mut conn, id.as_str(), currency.as_str(), balance).await? {
-        Some(account) => Ok(HttpResponse::Created()
-            .insert_header((header::LOCATION, format!("/accounts/{}", account.id)))
-            .json(AccountView::from(account))),
-        None => Err(ApiError::Conflict { code: "account_exists", message: format!("account {id} already exists") }),
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PostingsQuery {
-    limit: Option<i64>,
-    before: Option<i64>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PostingView {
-    id: i64,
-    transfer_id: Uuid,
-    kind: String,
-    amount_cents: i64,
-    created_at: chrono::DateTime<chrono::Utc>,
-}
-
-impl From<Posting> for PostingView {
-    fn from(p: Posting) -> Self {
-        Self {
-            id: p.id,
-            transfer_id: p.transfer_id,
-            kind: p.kind,
-            amount_cents: p.amount_cents,
-            created_at: p.created_at,
-        }
-    }
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AccountDetail {
-    #[serde(flatten)]
-    account: AccountView,
-    postings: Vec<PostingView>,
-    /// Pass as `before` to get the next (older) page; absent on the last page.
-    next_before: Option<i64>,
-}
-
-/// `GET /accounts/{id}?limit=&before=`: balance and postings, newest first.
-pub async fn get_account(
-    _caller: Caller,
-    state: web::Data<AppState>,
-    id: web::Path<String>,
-    query: web::Query<PostingsQuery>,
-) -> Result<HttpResponse, ApiError> {
-    let limit = query.limit.unwrap_or(50);
-    if !(1..=500).contains(&limit) {
-        return Err(ApiError::BadRequest("limit must be between 1 and 500".into()));
-    }
-    // An id that breaks the rule was never created (and one with a NUL would make
-    // PostgreSQL refuse the query).
-    if AccountId::parse("id", &id).is_err() {
-        return Err(ApiError::NotFound(format!("account {} does not exist", id.escape_debug())));
-    }
-    let mut conn = state.pool.get().await?;
-    let account = accounts::find_account(&mut conn, &id)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("account {id} does not exist")))?;
-    let postings = accounts::postings_page(&mut conn, &id, query.before, limit).await?;
-    let next_before = (postings.len() as i64 == limit).then(|| postings.last().map(|p| p.id)).flatten();
-    Ok(HttpResponse::Ok().json(AccountDetail {
-        account: account.into(),
-        postings: postings.into_iter().map(Into::into).collect(),
-        next_before,
-    }))
 }

@@ -1,12 +1,14 @@
 //! The two HTTP listeners: intake (transfers, accounts, orders) and admin (health, readiness,
 //! metrics, operations). Both answer errors as JSON and count requests per route.
 
+pub mod accounts;
 pub mod admin;
 mod admin_dlt;
 pub mod auth;
 mod console;
 pub mod error;
 pub mod intake;
+pub mod openapi;
 pub mod orders;
 
 use std::net::SocketAddr;
@@ -121,14 +123,16 @@ pub fn intake_server(
             .app_data(web::PayloadConfig::new(limit))
             .app_data(web::PathConfig::default().error_handler(error::path_error))
             .app_data(web::QueryConfig::default().error_handler(error::query_error))
+            .wrap(from_fn(error::json_errors))
             .wrap(from_fn(count_requests))
             .route("/transfers", web::post().to(intake::create_transfer))
             .route("/transfers/{id}", web::get().to(intake::get_transfer))
-            .route("/accounts", web::post().to(intake::create_account))
-            .route("/accounts/{id}", web::get().to(intake::get_account))
+            .route("/accounts", web::post().to(accounts::create_account))
+            .route("/accounts/{id}", web::get().to(accounts::get_account))
             .route("/orders", web::post().to(orders::create_order))
             .route("/orders/{id}", web::get().to(orders::get_order))
-            .default_service(web::to(error::not_found))
+            .route("/openapi.json", web::get().to(openapi::intake_document))
+            .default_service(web::to(openapi::intake_fallback))
     })
     .workers(config.workers)
     .disable_signals()
@@ -154,10 +158,12 @@ pub fn admin_server(
             .app_data(json_config(limit))
             .app_data(web::PathConfig::default().error_handler(error::path_error))
             .app_data(web::QueryConfig::default().error_handler(error::query_error))
+            .wrap(from_fn(error::json_errors))
             .wrap(from_fn(count_requests))
             .configure(admin::routes)
+            .route("/openapi.json", web::get().to(openapi::admin_document))
             .configure(console::routes)
-            .default_service(web::to(error::not_found))
+            .default_service(web::to(openapi::admin_fallback))
     })
     .workers(1)
     .disable_signals()

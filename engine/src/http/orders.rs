@@ -11,19 +11,38 @@ use tally_schema::Currency;
 use uuid::Uuid;
 
 use super::auth::Caller;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
 use super::AppState;
 use tally_actors::store::orders::{self, OrderIntake, OrderRequest};
 
-#[derive(Debug, Deserialize)]
+/// An order received; `externalReference` deduplicates it (per API client).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateOrderBody {
+    /// 1 to 128 characters, not blank, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$",
+        example = "EXT-1"
+    )]
     external_reference: String,
+    /// 1 to 64 characters, not blank, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$",
+        example = "C-1"
+    )]
     customer_id: String,
+    #[schema(value_type = i64, minimum = 1, example = 1250)]
     amount_cents: serde_json::Number,
+    #[schema(pattern = r"^[A-Z]{3}$", example = "BRL")]
     currency: String,
-    /// Optional; `null` is the same as absent.
+    /// Optional; `null` is the same as absent. Kept as it is, but no string or key in it
+    /// may hold the NUL character (U+0000).
     #[serde(default)]
+    #[schema(value_type = Option<Vec<serde_json::Value>>)]
     lines: Option<serde_json::Value>,
 }
 
@@ -52,7 +71,7 @@ impl CreateOrderBody {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OrderView {
     id: Uuid,
@@ -61,6 +80,7 @@ pub struct OrderView {
     amount_cents: i64,
     currency: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<serde_json::Value>>)]
     lines: Option<serde_json::Value>,
     /// The API client that created it; `null` when the intake did not authenticate it.
     client: Option<String>,
@@ -86,6 +106,11 @@ impl From<Order> for OrderView {
 /// repeat of the same request with the same `externalReference` answers 200 with the
 /// existing order, a different request 409 (references are scoped per API client).
 /// Nothing is written unless 201.
+#[utoipa::path(post, path = "/orders", tag = "intake", request_body = CreateOrderBody,
+    responses((status = 201, description = "Received; `OrderReceived` queued.", body = OrderView),
+        (status = 200, description = "The same order again.", body = OrderView),
+        (status = 409, description = "This externalReference came with another order.", body = ErrorBody),
+        (status = 422, description = "A value breaks its rule.", body = ErrorBody)))]
 pub async fn create_order(
     caller: Caller,
     state: web::Data<AppState>,
@@ -111,6 +136,9 @@ pub async fn create_order(
 }
 
 /// `GET /orders/{id}`: an API client sees its own orders only.
+#[utoipa::path(get, path = "/orders/{id}", tag = "intake", params(("id" = Uuid, Path)),
+    responses((status = 200, description = "The order.", body = OrderView),
+        (status = 404, description = "No such order (of this client).", body = ErrorBody)))]
 pub async fn get_order(
     caller: Caller,
     state: web::Data<AppState>,
@@ -120,7 +148,7 @@ pub async fn get_order(
     let order = orders::find_order(&mut conn, *id)
         .await?
         .filter(|o| caller.may_see(&o.client))
-        .ok_or_else(|| ApiError::NotFound(format!("order {id} does not exist")))?;
+        .ok_or_else(|| ApiError::NotFound(format!("Order {id} does not exist")))?;
     Ok(HttpResponse::Ok().json(OrderView::from(order)))
 }
 

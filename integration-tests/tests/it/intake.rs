@@ -257,7 +257,11 @@ async fn bad_transfer_requests_get_json_errors_and_write_nothing() {
     assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown transfer").await;
     let res = app.get("/no-such-route").await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown route").await;
+    // The path of `GET /transfers/{id}`, with another method: 405 with `Allow`.
     let res = app.post_raw("/transfers/extra", json, transfer("acc-a", "acc-b", 1).to_string()).await;
+    assert_eq!(res.headers().get("allow").and_then(|v| v.to_str().ok()), Some("GET"), "Allow");
+    assert_error(res, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "POST to a transfer's path").await;
+    let res = app.post_raw("/transfers/extra/more", json, "{}").await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown route under /transfers").await;
 
     assert_no_transfer_rows(&env.db, "after every bad request").await;

@@ -2,6 +2,7 @@
 //! once per file. Each module is one area; `cargo test -p tally-integration-tests --test
 //! it <module>::` runs one area (e.g. `chaos::`, as `make chaos` does).
 
+mod api_docs;
 mod bench;
 mod broker;
 mod chaos;

@@ -1,0 +1,143 @@
+//! Intake endpoints of accounts: `POST /accounts` and `GET /accounts/{id}` with its
+//! postings.
+
+use actix_web::http::header;
+use actix_web::{web, HttpResponse};
+use serde::{Deserialize, Serialize};
+use tally_schema::models::{Account, Posting};
+use tally_schema::{AccountId, Currency};
+use uuid::Uuid;
+
+use super::auth::Caller;
+use super::error::{ApiError, ErrorBody};
+use super::AppState;
+use tally_actors::store::accounts;
+
+/// An account to open; `initialBalanceCents` is at most `ledger.max_balance_cents`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateAccountBody {
+    /// 1 to 32 characters, no whitespace or control characters.
+    #[schema(pattern = r"^[^\s\x00-\x1f\x7f-\x9f]{1,32}$", example = "acc-alice")]
+    id: String,
+    #[schema(pattern = r"^[A-Z]{3}$", example = "BRL")]
+    currency: String,
+    #[schema(value_type = i64, minimum = 0, example = 10000)]
+    initial_balance_cents: serde_json::Number,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountView {
+    id: String,
+    currency: String,
+    balance_cents: i64,
+}
+
+impl From<Account> for AccountView {
+    fn from(a: Account) -> Self {
+        Self { id: a.id, currency: a.currency, balance_cents: a.balance_cents }
+    }
+}
+
+/// `POST /accounts`: 201 with the account; 409 when the id exists.
+#[utoipa::path(post, path = "/accounts", tag = "intake", request_body = CreateAccountBody,
+    responses((status = 201, description = "Opened.", body = AccountView),
+        (status = 409, description = "The id exists.", body = ErrorBody),
+        (status = 422, description = "A value breaks its rule.", body = ErrorBody)))]
+pub async fn create_account(
+    _caller: Caller,
+    state: web::Data<AppState>,
+    body: web::Json<CreateAccountBody>,
+) -> Result<HttpResponse, ApiError> {
+    let body = body.into_inner();
+    let id = AccountId::parse("id", &body.id)?;
+    let currency = Currency::parse("currency", &body.currency)?;
+    let max = state.max_balance_cents;
+    let balance =
+        body.initial_balance_cents.as_i64().filter(|b| (0..=max).contains(b)).ok_or_else(|| {
+            ApiError::Validation(format!("initialBalanceCents must be an integer between 0 and {max}"))
+        })?;
+    let mut conn = state.pool.get().await?;
+    match accounts::create_account(&mut conn, id.as_str(), currency.as_str(), balance).await? {
+        Some(account) => Ok(HttpResponse::Created()
+            .insert_header((header::LOCATION, format!("/accounts/{}", account.id)))
+            .json(AccountView::from(account))),
+        None => Err(ApiError::Conflict { code: "account_exists", message: format!("Account {id} already exists") }),
+    }
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct PostingsQuery {
+    /// Postings per page (default 50).
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<i64>,
+    /// The `nextBefore` of the previous page.
+    before: Option<i64>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostingView {
+    id: i64,
+    transfer_id: Uuid,
+    kind: String,
+    amount_cents: i64,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl From<Posting> for PostingView {
+    fn from(p: Posting) -> Self {
+        Self {
+            id: p.id,
+            transfer_id: p.transfer_id,
+            kind: p.kind,
+            amount_cents: p.amount_cents,
+            created_at: p.created_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AccountDetail {
+    #[serde(flatten)]
+    account: AccountView,
+    postings: Vec<PostingView>,
+    /// Pass as `before` to get the next (older) page; null on the last page.
+    next_before: Option<i64>,
+}
+
+/// `GET /accounts/{id}?limit=&before=`: balance and postings, newest first.
+#[utoipa::path(get, path = "/accounts/{id}", tag = "intake", params(("id" = String, Path), PostingsQuery),
+    responses((status = 200, description = "Balance and a page of postings.", body = AccountDetail),
+        (status = 404, description = "No such account.", body = ErrorBody)))]
+pub async fn get_account(
+    _caller: Caller,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+    query: web::Query<PostingsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = query.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::BadRequest("The limit parameter must be between 1 and 500".into()));
+    }
+    // An id that breaks the rule was never created (and one with a NUL would make
+    // PostgreSQL refuse the query).
+    if AccountId::parse("id", &id).is_err() {
+        return Err(ApiError::NotFound(format!("Account {} does not exist", id.escape_debug())));
+    }
+    let mut conn = state.pool.get().await?;
+    let account = accounts::find_account(&mut conn, &id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("Account {id} does not exist")))?;
+    let postings = accounts::postings_page(&mut conn, &id, query.before, limit).await?;
+    let next_before = (postings.len() as i64 == limit).then(|| postings.last().map(|p| p.id)).flatten();
+    Ok(HttpResponse::Ok().json(AccountDetail {
+        account: account.into(),
+        postings: postings.into_iter().map(Into::into).collect(),
+        next_before,
+    }))
+}
