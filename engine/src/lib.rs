@@ -16,6 +16,7 @@ pub mod pipelines;
 pub mod sd_notify;
 pub mod status;
 pub mod telemetry;
+pub mod throughput;
 
 pub use app::{spawn, Daemon, DaemonHandle, KafkaEndpoint};
 pub use config::Config;

@@ -199,6 +199,8 @@ pub async fn start(
         },
         &metrics,
     );
+    let throughput = crate::throughput::History::default();
+    throughput.spawn_sampler(metrics.clone());
     let state = web::Data::new(AppState {
         pool: pools.get(DbPool::Http).clone(),
         pools: pools.named(&running_pools),
@@ -216,6 +218,7 @@ pub async fn start(
         known_topics: config.topics_to_create(),
         stages,
         dlt_probe,
+        throughput,
         dropped: state_dropped_tx,
     });
     let (intake, admin) = listeners.into_parts();
