@@ -6,6 +6,7 @@ mod bench;
 mod broker;
 mod chaos;
 mod console;
+mod console_bad_day;
 mod deploy;
 mod dlt_admin;
 mod docs;
