@@ -113,12 +113,8 @@ pub(super) async fn dlt_read(
     .map_err(|e| ApiError::Internal(format!("DLT read task failed: {e}")))??;
     let positions: Vec<_> = page.records.iter().map(|r| (Some(r.partition), r.offset)).collect();
     let prior = dlt_replays::prior(&state, &topic, &positions).await;
-    let records: Vec<Value> = page
-        .records
-        .iter()
-        .zip(&positions)
-        .map(|(r, at)| with_prior(r.view(), prior.as_ref(), *at))
-        .collect();
+    let records: Vec<Value> =
+        page.records.iter().zip(&positions).map(|(r, at)| with_prior(r.view(), prior.as_ref(), *at)).collect();
     Ok(HttpResponse::Ok().json(json!({
         "topic": topic,
         "count": records.len(),

@@ -68,11 +68,7 @@ pub(super) async fn list(state: web::Data<AppState>, query: web::Query<LogQuery>
 
 /// The earlier replays of the records of `source` at `positions`, by position; `None`
 /// when the log cannot be read (the database is down).
-pub(super) async fn prior(
-    state: &AppState,
-    source: &str,
-    positions: &[(Option<i32>, i64)],
-) -> Option<PriorReplays> {
+pub(super) async fn prior(state: &AppState, source: &str, positions: &[(Option<i32>, i64)]) -> Option<PriorReplays> {
     let found = async {
         let mut conn = state.pool.get().await.map_err(|e| e.to_string())?;
         dlt_replays::prior(&mut conn, source, positions).await.map_err(|e| e.to_string())

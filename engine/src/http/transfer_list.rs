@@ -40,7 +40,9 @@ fn parse(params: &HashMap<String, String>) -> Result<ListQuery, ApiError> {
     let mut names: Vec<&String> = params.keys().collect();
     names.sort();
     if let Some(unknown) = names.iter().find(|n| !["account", "status", "limit", "before"].contains(&n.as_str())) {
-        return bad(format!("Unknown parameter \"{unknown}\": the transfer list takes account, status, limit and before."));
+        return bad(format!(
+            "Unknown parameter \"{unknown}\": the transfer list takes account, status, limit and before."
+        ));
     }
     let value = |name: &str| params.get(name).map(|v| v.trim()).filter(|v| !v.is_empty());
     let account = match value("account") {

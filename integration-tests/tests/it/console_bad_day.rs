@@ -94,7 +94,9 @@ async fn panels_that_cannot_refresh_during_a_database_outage_are_marked_stale_wi
             .await;
     }
     // The age counts up while the outage lasts, and the old values stay, dimmed.
-    browser.wait_text("#outbox .stale .age", "an age of 3 s or more", |t| stale_seconds(t).is_some_and(|s| s >= 3)).await;
+    browser
+        .wait_text("#outbox .stale .age", "an age of 3 s or more", |t| stale_seconds(t).is_some_and(|s| s >= 3))
+        .await;
     assert_eq!(browser.text("#outbox [data-stat='outbox-pending'] .value").await.as_deref(), Some("0"));
     assert_eq!(browser.text("#ledger-state").await.as_deref(), Some("all invariants hold"));
     let why = browser.text("#outbox .stale .why").await.expect("the reason");
@@ -141,7 +143,9 @@ async fn the_partition_table_fits_or_scrolls_inside_its_card() {
     // Wide (cards side by side) and narrow (one card, narrower than the partition table).
     for width in [1400, 480] {
         browser.resize(width, 1000).await;
-        browser.eval("document.querySelectorAll('.pipeline details').forEach((d) => { d.open = true; }); return true;").await;
+        browser
+            .eval("document.querySelectorAll('.pipeline details').forEach((d) => { d.open = true; }); return true;")
+            .await;
         browser.wait_text(".pipeline[data-name='ledger'] details th", "the partition table", |t| t == "topic").await;
         let measured = browser.eval(MEASURE_PARTITION_TABLES).await;
         println!("partition tables at {width} px: {measured}");
@@ -192,6 +196,9 @@ async fn without_an_admin_token_the_console_says_none_is_configured_and_serves_a
     let said = browser.wait_text("#flash", "why no token is accepted", |t| t.contains("No admin token")).await;
     assert!(said.contains("http.admin_token") && said.contains("restart"), "{said}");
     assert!(!said.contains("not accepted."), "{said}");
+    // The log is read for real: the refused token's request is in it.
+    let later = browser.console_log().await;
+    assert!(later.iter().any(|(_, m)| m.contains("/admin/token") && m.contains("403")), "{later:?}");
     assert_eq!(browser.text("#mode").await.as_deref(), Some("read-only: no admin token configured"));
     let mut shots = vec![];
     keep(&mut shots, browser.screenshot("token-none-configured").await);
@@ -214,14 +221,20 @@ async fn the_transfer_list_searches_by_account_and_status_a_page_at_a_time() {
     create_account(&app, "TL-C", 0, "BRL").await;
     create_account(&app, "TL-D", 0, "BRL").await;
     let mut made = vec![];
-    for (from, to, amount) in [("TL-A", "TL-B", 100), ("TL-A", "TL-C", 200), ("TL-A", "TL-B", 300), ("TL-D", "TL-A", 500)]
+    for (from, to, amount) in
+        [("TL-A", "TL-B", 100), ("TL-A", "TL-C", 200), ("TL-A", "TL-B", 300), ("TL-D", "TL-A", 500)]
     {
         let id = post_transfer(&app, from, to, amount).await;
         let status = final_state(&app, id).await["status"].as_str().expect("a status").to_owned();
         made.push(Made { id: id.to_string(), from, to, status });
     }
     let ids = |body: &Value| -> Vec<String> {
-        body["transfers"].as_array().expect("transfers").iter().map(|t| t["id"].as_str().expect("id").to_owned()).collect()
+        body["transfers"]
+            .as_array()
+            .expect("transfers")
+            .iter()
+            .map(|t| t["id"].as_str().expect("id").to_owned())
+            .collect()
     };
     let newest_first = |pick: &dyn Fn(&Made) -> bool| -> Vec<String> {
         made.iter().rev().filter(|t| pick(t)).map(|t| t.id.clone()).collect()
@@ -274,9 +287,12 @@ async fn the_transfer_list_searches_by_account_and_status_a_page_at_a_time() {
     browser.eval("document.getElementById('transfers-status').value = 'SETTLED'; return true;").await;
     browser.click("#transfers-search").await;
     let expected = newest_first(&|t| (t.from == "TL-B" || t.to == "TL-B") && t.status == "SETTLED");
-    let count = browser.wait_text("#transfers-count", "the list", |t| t.contains("shown") || t.contains("No transfer")).await;
+    let count =
+        browser.wait_text("#transfers-count", "the list", |t| t.contains("shown") || t.contains("No transfer")).await;
     assert_eq!(count, format!("{} transfer(s) shown, newest first; no more.", expected.len()));
-    let shown = browser.eval("return [...document.querySelectorAll('#transfers-table tbody tr')].map((r) => r.dataset.id);").await;
+    let shown = browser
+        .eval("return [...document.querySelectorAll('#transfers-table tbody tr')].map((r) => r.dataset.id);")
+        .await;
     assert_eq!(shown, json!(expected));
     let mut shots = vec![];
     keep(&mut shots, browser.screenshot("transfer-list").await);
@@ -416,7 +432,9 @@ async fn a_dlt_topic_record_replayed_once_is_logged_and_a_second_replay_is_warne
     browser.type_into("#dlt-from", &offset.to_string()).await;
     browser.type_into("#dlt-to", &offset.to_string()).await;
     browser.click("#dlt-dry-run").await;
-    browser.wait_text("#dlt-already", "the warning", |t| t.starts_with("1 of these record(s) were replayed before")).await;
+    browser
+        .wait_text("#dlt-already", "the warning", |t| t.starts_with("1 of these record(s) were replayed before"))
+        .await;
     assert_eq!(browser.enabled("#dlt-replay").await, Some(false), "no second replay without consent");
     let mut shots = vec![];
     keep(&mut shots, browser.screenshot("dlt-replayed-before-warning").await);
@@ -424,7 +442,12 @@ async fn a_dlt_topic_record_replayed_once_is_logged_and_a_second_replay_is_warne
     browser.wait_text("#dlt-replay", "the replay offered again", |t| t == "Replay 1 record(s) again").await;
     browser.click("#dlt-replay").await;
     browser.wait_text("#dlt-replayed", "the second replay", |t| t == "Replayed 1 record(s).").await;
-    wait_js(&browser, "both replays in the log", "return document.querySelectorAll('#replay-log tbody tr').length === 2;").await;
+    wait_js(
+        &browser,
+        "both replays in the log",
+        "return document.querySelectorAll('#replay-log tbody tr').length === 2;",
+    )
+    .await;
     keep(&mut shots, browser.screenshot("dlt-replay-log").await);
     browser.close().await;
 }

@@ -13,14 +13,18 @@ use tally_actors::store::transfers::REQUESTED_KIND;
 use tally_schema::events::derived_event_id;
 use uuid::Uuid;
 
+use crate::config::TopicsConfig;
 use crate::http::auth::Admin;
 use crate::http::error::ApiError;
 use crate::http::intake::TransferView;
 use crate::http::AppState;
-use crate::config::TopicsConfig;
 
 /// `GET /admin/transfers/{id}` (admin token).
-pub(super) async fn transfer(_: Admin, state: web::Data<AppState>, id: web::Path<Uuid>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn transfer(
+    _: Admin,
+    state: web::Data<AppState>,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     let mut conn = state.pool.get().await?;
     let events: Vec<Uuid> =
