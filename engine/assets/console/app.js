@@ -35,7 +35,7 @@ function $(id) {
 
 /** Creates an element; `attrs` values go through setAttribute, children are nodes or text. */
 function el(tag, attrs, ...children) {
-  const node = tag === "svg" || tag === "polyline"
+  const node = tag === "svg" || tag === "polyline" || tag === "rect"
     ? document.createElementNS("http://www.w3.org/2000/svg", tag)
     : document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -229,16 +229,31 @@ function forgetToken() {
 
 // ---------- overview ----------
 
-function sparkline(points, what = "lag trend", capacity = TREND_POINTS) {
+function sparkline(points) {
   const w = 160;
   const h = 32;
   const max = Math.max(1, ...points);
-  const step = points.length > 1 ? w / (Math.max(capacity, points.length) - 1) : 0;
+  const step = points.length > 1 ? w / (TREND_POINTS - 1) : 0;
   const start = w - step * (points.length - 1);
   const coords = points.map((p, i) => `${(start + i * step).toFixed(1)},${(h - 2 - (p / max) * (h - 4)).toFixed(1)}`);
   return el("svg", { class: "trend", width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img",
-    "aria-label": `${what}, last ${fmtNum(points[points.length - 1])}, max ${fmtNum(max)}` },
+    "aria-label": `lag trend, last ${fmtNum(points[points.length - 1])}, max ${fmtNum(max)}` },
   el("polyline", { points: coords.join(" ") }));
+}
+
+/** One bar per interval, newest on the right; at least `capacity` slots wide. */
+function bars(points, what, capacity) {
+  const w = 320;
+  const h = 32;
+  const max = Math.max(1, ...points);
+  const slot = w / Math.max(capacity, points.length);
+  const start = w - slot * points.length;
+  return el("svg", { class: "bars", width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img",
+    "aria-label": `${what}, last ${fmtNum(points.length ? points[points.length - 1] : 0)}, max ${fmtNum(max)}` },
+  points.map((p, i) => {
+    const bar = p > 0 ? Math.max(1, (p / max) * (h - 2)) : 0.5;
+    return el("rect", { x: (start + i * slot).toFixed(2), y: (h - bar).toFixed(2), width: Math.max(0.5, slot - 0.5).toFixed(2), height: bar.toFixed(2) });
+  }));
 }
 
 function pipelineState(p) {
@@ -378,7 +393,7 @@ async function refreshThroughput() {
     const perSec = points.length ? total / (points.length * body.intervalSeconds) : 0;
     return el("div", { class: "trend-row", "data-series": name, "data-total": total, "data-intervals": counts.length },
       el("span", { class: "series" }, name),
-      sparkline(counts, `${name} per ${body.intervalSeconds} s`, Math.max(TREND_POINTS, counts.length)),
+      bars(counts, `${name} per ${body.intervalSeconds} s`, 60),
       el("span", { class: "label" }, `${fmtNum(total)} in ${minutes < 1 ? "under a minute" : `${minutes} min`} (${perSec.toFixed(1)}/s)`));
   });
   fill($("throughput").querySelector(".body"),

@@ -360,7 +360,7 @@ async fn the_throughput_history_is_kept_by_the_daemon_and_survives_a_reload() {
     assert!(after["intervals"].as_u64().is_some_and(|n| n >= 1), "{after}");
     let ledger = browser.text("#throughput [data-series='ledger'] .label").await.expect("the ledger's row");
     assert!(ledger.contains("/s"), "{ledger}");
-    assert!(browser.client.find(fantoccini::Locator::Css("#throughput svg.trend polyline")).await.is_ok());
+    assert!(browser.client.find(fantoccini::Locator::Css("#throughput svg.bars rect")).await.is_ok());
     let mut shots = vec![];
     keep(&mut shots, browser.screenshot("overview-throughput-after-reload").await);
     browser.close().await;
