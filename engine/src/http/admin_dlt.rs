@@ -177,7 +177,8 @@ fn replay_producer(state: &AppState) -> Result<rdkafka::producer::FutureProducer
 /// value and headers (every `dlt-*` header removed) plus `replayed-from:
 /// <dlt>/<partition>/<offset>`, in offset order per partition, with an idempotent producer
 /// (acks=all), and answers once every copy is acknowledged: `{replayed, records:
-/// [{partition, offset, originalTopic, originalPartition, replayedOffset}]}`.
+/// [{partition, offset, originalTopic, originalPartition, replayedOffset}], logged}`
+/// (`logged`: whether the replay log took them; see `super::dlt_replays`).
 ///
 /// The optional JSON body `{partition?, fromOffset?, toOffset?, key?}` (offsets inclusive)
 /// narrows the selection; no body means every record present when the request started.
@@ -188,7 +189,9 @@ fn replay_producer(state: &AppState) -> Result<rdkafka::producer::FutureProducer
 /// newerProcessedOfKey}], keys: [{originalTopic, originalPartition, key, records,
 /// newerProcessed, consumerGroup, committedOffset}], scanTruncated}`: for each record, the
 /// records of its key in its original partition after it that its consumer group already
-/// processed (committed); a replayed copy is applied after them.
+/// processed (committed); a replayed copy is applied after them. Each record also says
+/// `replayedBefore` (`{times, lastAt}` or null), and the answer `alreadyReplayed` and
+/// `replayLog` (`ok`, or `unavailable` when the log could not be read).
 ///
 /// Replaying does not delete the DLT records: Kafka cannot delete single records, so
 /// they stay until retention removes them, and replaying them again republishes them
@@ -244,16 +247,13 @@ pub(super) async fn dlt_replay(
             .collect();
         return Ok(HttpResponse::Ok().json(dry_run_body(records, report, prior.as_ref())));
     }
-    let result = dlt::replay(&replay_producer(&state)?, &planned).await;
-    let acked = result.as_ref().map_or(&[][..], Vec::as_slice);
-    let logged = dlt_replays::log(&state, dlt_replays::of_topic(&topic, &planned, acked)).await;
-    let acked = match &result {
-        Ok(done) => done.len(),
-        Err(dlt::DltError::Produce { acked, .. }) => *acked,
-        Err(_) => 0,
-    };
-    state.metrics.dlt_replayed_total.with_label_values(&[&topic]).inc_by(acked as u64);
-    let done = result?;
+    let (done, failure) = dlt::replay_each(&replay_producer(&state)?, &planned).await;
+    // Every acknowledged copy, also of a replay that failed part-way.
+    let logged = dlt_replays::log(&state, dlt_replays::of_topic(&topic, &planned, &done)).await;
+    state.metrics.dlt_replayed_total.with_label_values(&[&topic]).inc_by(done.len() as u64);
+    if let Some(source) = failure {
+        return Err(dlt::DltError::Produce { acked: done.len(), selected: planned.len(), source }.into());
+    }
     tracing::info!(topic = %topic, replayed = done.len(), "Replayed DLT records.");
     Ok(HttpResponse::Ok().json(json!({ "replayed": done.len(), "records": done, "logged": logged })))
 }
