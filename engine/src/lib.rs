@@ -11,11 +11,11 @@ pub mod broker;
 pub mod config;
 pub use tally_actors::dlt;
 pub mod http;
-
 pub mod sd_notify;
 pub mod stages;
 pub mod status;
 pub mod telemetry;
+pub mod throughput;
 pub mod topics;
 
 pub use app::{spawn, Daemon, DaemonHandle, KafkaEndpoint};

@@ -78,6 +78,9 @@ impl Browser {
             .expect("start chromedriver");
         let profile = std::env::temp_dir().join(format!("tally-chromium-{}", uuid::Uuid::new_v4().simple()));
         let mut caps = serde_json::Map::new();
+        // Keeps the page's console messages (and the failed loads Chromium reports there)
+        // for [`Browser::console_log`].
+        caps.insert("goog:loggingPrefs".into(), json!({ "browser": "ALL" }));
         caps.insert(
             "goog:chromeOptions".into(),
             json!({
@@ -164,6 +167,43 @@ impl Browser {
         el.send_keys(text).await.unwrap_or_else(|e| panic!("type into {css}: {e}"));
     }
 
+    /// The browser's console messages since the last call (ChromeDriver's `browser` log):
+    /// `(level, message)`, including every resource that failed to load, e.g.
+    /// `Failed to load resource: the server responded with a status of 404`.
+    ///
+    /// # Panics
+    /// When ChromeDriver does not hand the log over.
+    pub async fn console_log(&self) -> Vec<(String, String)> {
+        let log = self.client.issue_cmd(BrowserLog).await.unwrap_or_else(|e| panic!("read the browser log: {e}"));
+        log.as_array()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .map(|e| {
+                        let field = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+                        (field("level"), field("message"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Evaluates `script` (a function body; `return` gives the result) in the page.
+    ///
+    /// # Panics
+    /// When the script throws.
+    pub async fn eval(&self, script: &str) -> serde_json::Value {
+        self.client.execute(script, vec![]).await.unwrap_or_else(|e| panic!("run script: {e}"))
+    }
+
+    /// Sets the window's outer size.
+    ///
+    /// # Panics
+    /// When the window cannot be resized.
+    pub async fn resize(&self, width: u32, height: u32) {
+        self.client.set_window_size(width, height).await.unwrap_or_else(|e| panic!("resize to {width}x{height}: {e}"));
+    }
+
     /// Saves a PNG of the page as `target/ui/<name>.png`; returns its path.
     ///
     /// # Panics
@@ -201,6 +241,21 @@ impl Browser {
 impl Drop for Browser {
     fn drop(&mut self) {
         self.stop_driver();
+    }
+}
+
+/// ChromeDriver's own command for a log (`POST /session/{id}/se/log`): W3C WebDriver has
+/// none.
+#[derive(Debug)]
+struct BrowserLog;
+
+impl fantoccini::wd::WebDriverCompatibleCommand for BrowserLog {
+    fn endpoint(&self, base_url: &url::Url, session_id: Option<&str>) -> Result<url::Url, url::ParseError> {
+        base_url.join(&format!("session/{}/se/log", session_id.unwrap_or_default()))
+    }
+
+    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
+        (http::Method::POST, Some(json!({ "type": "browser" }).to_string()))
     }
 }
 

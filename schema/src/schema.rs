@@ -55,6 +55,22 @@ diesel::table! {
 }
 
 diesel::table! {
+    dlt_replays (id) {
+        id -> Int8,
+        #[max_length = 255]
+        source -> Varchar,
+        source_partition -> Nullable<Int4>,
+        source_offset -> Int8,
+        #[max_length = 255]
+        original_topic -> Varchar,
+        original_partition -> Int4,
+        replayed_offset -> Int8,
+        record_key -> Nullable<Bytea>,
+        replayed_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     heartbeats (stage) {
         #[max_length = 255]
         stage -> Varchar,
@@ -183,6 +199,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     accounts,
     antifraud_decisions,
     dead_letters,
+    dlt_replays,
     heartbeats,
     notification_deliveries,
     orders,

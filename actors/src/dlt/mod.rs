@@ -25,7 +25,7 @@ mod write;
 pub use dry_run::{newer_processed, DryRun, KeySummary, Origin};
 pub use inventory::{inventory, publish, DltScope, PartitionCount, TopicCount};
 use inventory::{partitions_of, watermarks};
-pub use replay::{prepare_replay, replay, republish, send_all, ReplayRequest, Replayed, Republish};
+pub use replay::{prepare_replay, replay, replay_each, republish, send_all, ReplayRequest, Replayed, Republish};
 pub use write::{dlt_headers, is_permanent_dlt_error, DeadLetters, Stopping};
 
 use base64::Engine as _;

@@ -196,6 +196,19 @@ pub async fn send_all(producer: &FutureProducer, planned: &[&Republish]) -> Vec<
 /// # Errors
 /// [`DltError::Produce`] with the number acknowledged when a send fails.
 pub async fn replay(producer: &FutureProducer, planned: &[(DltRecord, Republish)]) -> Result<Vec<Replayed>, DltError> {
+    let (done, failure) = replay_each(producer, planned).await;
+    match failure {
+        None => Ok(done),
+        Some(source) => Err(DltError::Produce { acked: done.len(), selected: planned.len(), source }),
+    }
+}
+
+/// [`replay`] that hands back the acknowledged copies even when a send failed (to log
+/// them): every record replayed, and the first failure.
+pub async fn replay_each(
+    producer: &FutureProducer,
+    planned: &[(DltRecord, Republish)],
+) -> (Vec<Replayed>, Option<KafkaError>) {
     let outs: Vec<&Republish> = planned.iter().map(|(_, out)| out).collect();
     let results = send_all(producer, &outs).await;
     let mut done = Vec::with_capacity(planned.len());
@@ -212,10 +225,7 @@ pub async fn replay(producer: &FutureProducer, planned: &[(DltRecord, Republish)
             Err(e) => failure = failure.or(Some(e)),
         }
     }
-    match failure {
-        None => Ok(done),
-        Some(source) => Err(DltError::Produce { acked: done.len(), selected: planned.len(), source }),
-    }
+    (done, failure)
 }
 
 #[cfg(test)]

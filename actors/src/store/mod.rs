@@ -6,6 +6,7 @@
 //! | file | tables |
 //! |---|---|
 //! | `transfers.rs` | `transfers` (intake, projection, what the ledger reads) |
+//! | `transfer_list.rs` | `transfers`, read-only: the console's list, by account and status |
 //! | `accounts.rs` | `accounts`, `postings`, `processed_transfers` (the ledger's inbox) |
 //! | `outbox.rs` | `outbox_events`: insert, claim, mark published, delete, backlog |
 //! | `outbox_parked.rs` | `outbox_events`: rows the broker refused (parked) and the rows behind them (held) |
@@ -13,6 +14,7 @@
 //! | `notifications.rs` | `notification_deliveries` |
 //! | `decisions.rs` | `antifraud_decisions` |
 //! | `dead_letters.rs` | `dead_letters` |
+//! | `dlt_replays.rs` | `dlt_replays` (the log of every dead-letter replay) |
 //! | `heartbeats.rs` | `heartbeats` (the dependency probe of each stage) |
 //! | `lookup.rs` | all of them, read-only: one transfer's story, for the operator console |
 //! | `invariants.rs` | all of them, read-only: the ledger invariants |
@@ -23,6 +25,7 @@ pub mod accounts;
 pub mod connect;
 pub mod dead_letters;
 pub mod decisions;
+pub mod dlt_replays;
 pub mod group_commit;
 pub mod heartbeats;
 pub mod invariants;
@@ -34,6 +37,7 @@ pub mod outbox;
 pub mod outbox_parked;
 pub mod pool;
 pub mod tls;
+pub mod transfer_list;
 pub mod transfers;
 
 pub use connect::PgConnector;

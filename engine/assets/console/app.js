@@ -9,6 +9,7 @@ const DLT_EVERY = 3; // polls
 const LEDGER_EVERY_MS = 60000;
 const TREND_POINTS = 90;
 const REQUEST_TIMEOUT_MS = 60000; // longer than any server-side bound (replays: 30 s reads, 30 s sends)
+const TRANSFERS_PAGE = 50;
 
 const state = {
   token: sessionStorage.getItem(TOKEN_KEY) || "",
@@ -20,6 +21,10 @@ const state = {
   inFlight: new Set(), // panels being refreshed: a slow one is not asked again meanwhile
   dryRunGeneration: 0, // a dry run's answer counts only if nothing changed since it was asked
   lookupGeneration: 0,
+  tokenConfigured: null, // whether the daemon has an admin token at all (null: unknown)
+  freshAt: {}, // panel id -> when it last refreshed (ms)
+  planNeedsConsent: false, // the last dry run listed records replayed before
+  transfersNext: null, // where the next page of the transfer list starts
 };
 
 // ---------- small helpers ----------
@@ -30,7 +35,7 @@ function $(id) {
 
 /** Creates an element; `attrs` values go through setAttribute, children are nodes or text. */
 function el(tag, attrs, ...children) {
-  const node = tag === "svg" || tag === "polyline"
+  const node = tag === "svg" || tag === "polyline" || tag === "rect"
     ? document.createElementNS("http://www.w3.org/2000/svg", tag)
     : document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -48,10 +53,11 @@ function fill(node, ...children) {
   node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined));
 }
 
+/** A table in a box of its own that scrolls sideways when the table is wider than its card. */
 function table(headers, rows) {
-  return el("table", {},
+  return el("div", { class: "table-scroll" }, el("table", {},
     el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
-    el("tbody", {}, rows.map((r) => el("tr", {}, r.map((c) => el("td", {}, c))))));
+    el("tbody", {}, rows.map((r) => el("tr", {}, r.map((c) => el("td", {}, c)))))));
 }
 
 function fmtNum(n) {
@@ -81,9 +87,35 @@ function flash(message, kind) {
   flashTimer = setTimeout(() => { f.hidden = true; }, 8000);
 }
 
+/** `text` as a sentence: a capital first letter and a full stop. */
+function sentence(text) {
+  const t = String(text || "").trim();
+  if (!t) return "";
+  const s = t[0].toUpperCase() + t.slice(1);
+  return /[.!?]$/.test(s) ? s : `${s}.`;
+}
+
+/** What to say of a failed answer without a message of its own. */
+function statusSentence(status, statusText) {
+  const known = {
+    400: "The daemon refused the request as malformed.",
+    401: "This needs the admin token.",
+    403: "The admin token was refused.",
+    404: "The daemon does not know that address.",
+    408: "The daemon gave up waiting for the request.",
+    413: "The request is too large for the daemon.",
+    429: "The daemon is busy: try again shortly.",
+    500: "The daemon failed while answering: its log says why.",
+    502: "A proxy in front of the daemon could not reach it.",
+    503: "The daemon cannot serve this now: a dependency is unavailable.",
+    504: "A proxy in front of the daemon gave up waiting for it.",
+  };
+  return known[status] || `The daemon answered ${status}${statusText ? ` ${statusText}` : ""} without saying why.`;
+}
+
 class ApiError extends Error {
   constructor(status, code, message) {
-    super(message);
+    super(sentence(message));
     this.status = status;
     this.code = code;
   }
@@ -94,13 +126,21 @@ async function api(path, options = {}) {
   const headers = { Accept: "application/json" };
   if (state.token) headers.Authorization = `Bearer ${state.token}`;
   if (options.body !== undefined) headers["Content-Type"] = "application/json";
-  const res = await fetch(path, {
-    method: options.method || "GET",
-    headers,
-    body: options.body === undefined ? undefined : JSON.stringify(options.body),
-    // A hung connection must not hold a panel (or the poll) forever.
-    signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
-  });
+  let res;
+  try {
+    res = await fetch(path, {
+      method: options.method || "GET",
+      headers,
+      body: options.body === undefined ? undefined : JSON.stringify(options.body),
+      // A hung connection must not hold a panel (or the poll) forever.
+      signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+    });
+  } catch (e) {
+    if (e && e.name === "TimeoutError") {
+      throw new ApiError(0, "timeout", `The daemon did not answer within ${REQUEST_TIMEOUT_MS / 1000} s.`);
+    }
+    throw new ApiError(0, "unreachable", "The daemon cannot be reached: it may be down or restarting.");
+  }
   let body = null;
   try {
     body = await res.json();
@@ -110,18 +150,26 @@ async function api(path, options = {}) {
   // /readyz answers 503 with its reasons and /admin/ledger/check 409 with the failed
   // invariants: those bodies are the answer, not an error.
   if (!res.ok && !(options.accept || []).includes(res.status)) {
-    const err = body && body.error ? body.error : {};
-    throw new ApiError(res.status, err.code || "http_" + res.status, err.message || `HTTP ${res.status}`);
+    // The body's own message when it has one ({"error": {"message"}}, or a bare
+    // {"message"}), never the raw body or a bare status.
+    const err = body && typeof body.error === "object" && body.error ? body.error : body || {};
+    const message = typeof err.message === "string" && err.message.trim() ? err.message : statusSentence(res.status, res.statusText);
+    throw new ApiError(res.status, err.code || `http_${res.status}`, message);
   }
   return body;
 }
 
 // ---------- token ----------
 
+const NO_TOKEN = "No admin token is configured on this daemon, so none is accepted: set http.admin_token "
+  + "(or TALLY__HTTP__ADMIN_TOKEN) and restart the daemon to enable pause, resume, replay and transfer lookups.";
+
 function renderMode() {
   const operator = Boolean(state.token);
-  $("mode").textContent = operator ? "operator" : "read-only";
-  $("mode").className = operator ? "badge ok" : "badge";
+  const none = state.tokenConfigured === false;
+  $("mode").textContent = operator ? "operator" : none ? "read-only: no admin token configured" : "read-only";
+  $("mode").className = operator ? "badge ok" : none ? "badge warn" : "badge";
+  $("mode").title = none && !operator ? NO_TOKEN : "";
   $("token").hidden = operator;
   $("token-save").hidden = operator;
   $("token-clear").hidden = !operator;
@@ -142,7 +190,13 @@ async function useToken(event) {
     await api("/admin/token");
   } catch (e) {
     state.token = previous;
-    flash(e.status === 401 || e.status === 403 ? "That token is not accepted." : `Cannot check the token: ${e.message}`, "error");
+    if (e.status === 401 || e.status === 403) {
+      // Refused: because it is wrong, or because the daemon has none to compare with?
+      await checkTokenConfigured();
+      flash(state.tokenConfigured === false ? NO_TOKEN : "That token is not accepted.", "error");
+    } else {
+      flash(`Cannot check the token. ${e.message}`, "error");
+    }
     return;
   }
   sessionStorage.setItem(TOKEN_KEY, candidate);
@@ -150,6 +204,17 @@ async function useToken(event) {
   renderMode();
   flash("Token accepted: pause, resume, replay and transfer lookup are on.", "ok");
   route();
+}
+
+/** Asks the daemon whether it has an admin token (an open endpoint that says nothing else). */
+async function checkTokenConfigured() {
+  try {
+    const body = await api("/admin/token/status");
+    state.tokenConfigured = Boolean(body.configured);
+  } catch (_) {
+    state.tokenConfigured = null; // unknown: an older daemon, or down
+  }
+  renderMode();
 }
 
 function forgetToken() {
@@ -174,6 +239,21 @@ function sparkline(points) {
   return el("svg", { class: "trend", width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img",
     "aria-label": `lag trend, last ${fmtNum(points[points.length - 1])}, max ${fmtNum(max)}` },
   el("polyline", { points: coords.join(" ") }));
+}
+
+/** One bar per interval, newest on the right; at least `capacity` slots wide. */
+function bars(points, what, capacity) {
+  const w = 320;
+  const h = 32;
+  const max = Math.max(1, ...points);
+  const slot = w / Math.max(capacity, points.length);
+  const start = w - slot * points.length;
+  return el("svg", { class: "bars", width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: "img",
+    "aria-label": `${what}, last ${fmtNum(points.length ? points[points.length - 1] : 0)}, max ${fmtNum(max)}` },
+  points.map((p, i) => {
+    const bar = p > 0 ? Math.max(1, (p / max) * (h - 2)) : 0.5;
+    return el("rect", { x: (start + i * slot).toFixed(2), y: (h - bar).toFixed(2), width: Math.max(0.5, slot - 0.5).toFixed(2), height: bar.toFixed(2) });
+  }));
 }
 
 function pipelineState(p) {
@@ -230,9 +310,9 @@ async function pauseOrResume(name, action, button) {
     await api(`/admin/pipelines/${encodeURIComponent(name)}/${action}`, { method: "POST" });
     flash(`Pipeline ${name} ${action === "pause" ? "paused" : "resumed"}.`, "ok");
   } catch (e) {
-    flash(`Cannot ${action} ${name}: ${e.message}`, "error");
+    flash(`Cannot ${action} ${name}. ${e.message}`, "error");
   }
-  await once("pipelines", refreshPipelines);
+  await once("pipelines", refreshers().pipelines).catch(() => {});
 }
 
 async function refreshPipelines() {
@@ -298,11 +378,27 @@ async function refreshLedger() {
       el("span", { class: `badge ${body.ok ? "ok" : "bad"}`, id: "ledger-state" }, body.ok ? "all invariants hold" : `${failed.length} invariant(s) broken`),
       el("ul", { class: "invariants" }, body.invariants.map((i) => el("li", { class: i.ok ? "ok" : "bad" }, `${i.ok ? "✓" : "✗"} ${i.name}`))),
       el("div", { class: "hint" }, `checked ${new Date(state.ledgerAt).toLocaleTimeString()}`));
-  } catch (e) {
-    fill($("ledger").querySelector(".body"), el("span", { class: "badge bad" }, `check failed: ${e.message}`));
   } finally {
     $("ledger-run").disabled = false;
   }
+}
+
+async function refreshThroughput() {
+  const body = await api("/admin/throughput");
+  const points = body.points || [];
+  const minutes = Math.round((points.length * body.intervalSeconds) / 60);
+  const rows = (body.series || []).map((name) => {
+    const counts = points.map((p) => p.counts[name] || 0);
+    const total = counts.reduce((a, b) => a + b, 0);
+    const perSec = points.length ? total / (points.length * body.intervalSeconds) : 0;
+    return el("div", { class: "trend-row", "data-series": name, "data-total": total, "data-intervals": counts.length },
+      el("span", { class: "series" }, name),
+      bars(counts, `${name} per ${body.intervalSeconds} s`, 60),
+      el("span", { class: "label" }, `${fmtNum(total)} in ${minutes < 1 ? "under a minute" : `${minutes} min`} (${perSec.toFixed(1)}/s)`));
+  });
+  fill($("throughput").querySelector(".body"),
+    rows.length ? rows : el("p", { class: "hint" }, "No whole interval yet."),
+    el("div", { class: "hint" }, `records completed per pipeline, transfers accepted by the intake; kept by the daemon, ${body.intervalSeconds} s intervals`));
 }
 
 /** Runs `job` unless its previous run is still going. */
@@ -312,19 +408,83 @@ function once(name, job) {
   return job().finally(() => state.inFlight.delete(name));
 }
 
+// ---------- stale panels ----------
+
+/**
+ * Runs the refresh of panel `id`: on success the panel is fresh; on failure its old values
+ * stay, marked in place as stale with their age and the reason (or as never loaded).
+ */
+async function refreshPanel(id, job) {
+  try {
+    await job();
+    state.freshAt[id] = Date.now();
+    const card = $(id);
+    card.classList.remove("is-stale");
+    const mark = card.querySelector(":scope > .stale");
+    if (mark) mark.remove();
+  } catch (e) {
+    markStale(id, e);
+    throw e;
+  }
+}
+
+function markStale(id, error) {
+  const card = $(id);
+  let mark = card.querySelector(":scope > .stale");
+  if (!mark) {
+    mark = el("div", { class: "stale", role: "status" });
+    card.querySelector(":scope > h2").after(mark);
+  }
+  card.classList.add("is-stale");
+  mark.dataset.since = state.freshAt[id] || "";
+  mark.dataset.reason = error.message;
+  renderStale(mark);
+}
+
+function fmtStaleAge(ms) {
+  const secs = Math.max(0, Math.floor(ms / 1000));
+  if (secs < 120) return `${secs} s`;
+  if (secs < 7200) return `${Math.floor(secs / 60)} min`;
+  return `${Math.floor(secs / 3600)} h`;
+}
+
+function renderStale(mark) {
+  const since = Number(mark.dataset.since);
+  const age = since
+    ? el("span", { class: "age" }, `stale: ${fmtStaleAge(Date.now() - since)} old`)
+    : el("span", { class: "age" }, "not loaded");
+  fill(mark, el("span", { class: "badge warn" }, age), " ", el("span", { class: "why" }, mark.dataset.reason || ""));
+}
+
+function tickStale() {
+  for (const mark of document.querySelectorAll(".stale")) renderStale(mark);
+}
+
 /** One round of refreshes; the next starts POLL_MS after this one ends, never sooner. */
+function refreshers() {
+  return {
+    pipelines: () => refreshPanel("pipelines-panel", refreshPipelines),
+    readiness: () => refreshPanel("readiness", refreshReadiness),
+    outbox: () => refreshPanel("outbox", refreshOutbox),
+    throughput: () => refreshPanel("throughput", refreshThroughput),
+    dlt: () => refreshPanel("dlt-summary", refreshDltSummary),
+    ledger: () => refreshPanel("ledger", refreshLedger),
+  };
+}
+
 async function poll() {
-  const jobs = [once("pipelines", refreshPipelines), once("readiness", refreshReadiness), once("outbox", refreshOutbox)];
+  const r = refreshers();
+  const jobs = ["pipelines", "readiness", "outbox", "throughput"].map((n) => once(n, r[n]));
   // The slow panels run on their own (their `once` guard keeps them single): a DLT
   // inventory or a ledger check on a large database does not freeze the others.
-  if (state.polls % DLT_EVERY === 0) once("dlt", refreshDltSummary);
-  if (Date.now() - state.ledgerAt > LEDGER_EVERY_MS) once("ledger", refreshLedger);
+  if (state.polls % DLT_EVERY === 0) once("dlt", r.dlt).catch(() => {});
+  if (Date.now() - state.ledgerAt > LEDGER_EVERY_MS) once("ledger", r.ledger).catch(() => {});
   state.polls += 1;
   const results = await Promise.allSettled(jobs);
   setTimeout(poll, POLL_MS);
   const failed = results.filter((r) => r.status === "rejected");
   $("updated").textContent = failed.length
-    ? `Some panels could not refresh: ${failed[0].reason.message}`
+    ? `Some panels could not refresh (marked stale). ${failed[0].reason.message}`
     : `Updated ${new Date().toLocaleTimeString()}; refreshes every ${POLL_MS / 1000} s.`;
 }
 
@@ -368,7 +528,10 @@ function recordRow(r, isTable) {
       el("span", {}, `from ${r.dlt.originalTopic} ${r.dlt.originalPartition}/${r.dlt.originalOffset}`),
       el("span", {}, `key ${r.key ?? "–"}`),
       el("span", { class: "hint" }, r.timestamp || ""),
-      isTable && r.replayedAt ? el("span", { class: "badge ok" }, `replayed ${r.replayedAt}`) : null),
+      isTable && r.replayedAt ? el("span", { class: "badge ok" }, `replayed ${r.replayedAt}`) : null,
+      !isTable && r.replayedBefore
+        ? el("span", { class: "badge warn replayed" }, `replayed ${r.replayedBefore.times}× (last ${r.replayedBefore.lastAt})`)
+        : null),
     el("div", { class: "reason" }, `${r.dlt.exceptionMessage || ""} (after ${r.dlt.attempts ?? "?"} attempt(s))`),
     el("details", {},
       el("summary", {}, "headers and payload"),
@@ -402,6 +565,9 @@ async function loadDlt(event) {
     const more = page.next !== null && page.next !== undefined;
     fill($("dlt-records"),
       el("p", { class: "hint", id: "dlt-count" }, `${records.length} record(s) shown`),
+      page.replayLog === "unavailable"
+        ? el("p", { class: "error" }, "The replay log cannot be read now: records replayed before are not marked.")
+        : null,
       more
         ? el("p", { class: "hint" }, "Only the first 100 records from that position were read (the key and last-offset filters apply to those): narrow the partition or offsets to see further. A dry run and a replay cover the whole selection.")
         : null,
@@ -418,10 +584,31 @@ function replayPath(source, dryRun) {
 
 function invalidatePlan() {
   state.planned = null;
+  state.planNeedsConsent = false;
   state.dryRunGeneration += 1;
   $("dlt-replay").dataset.blocked = "1";
   $("dlt-replay").disabled = true;
   $("dlt-replay").textContent = "Replay";
+}
+
+/** Replay is on after a dry run, and, when it listed records replayed before, after the consent. */
+function syncReplayButton() {
+  if (!state.planned) return;
+  const consent = $("dlt-again");
+  const blocked = state.planNeedsConsent && !(consent && consent.checked);
+  $("dlt-replay").dataset.blocked = blocked ? "1" : "0";
+  renderMode();
+}
+
+async function loadReplayLog() {
+  const body = await api("/admin/replays?limit=20");
+  fill($("replay-log"),
+    el("h3", {}, "Replay log"),
+    body.replays.length
+      ? table(["replayed at", "from", "record", "to", "key"], body.replays.map((r) => [
+        r.replayedAt, r.source, r.sourcePartition === null ? `#${r.sourceOffset}` : `${r.sourcePartition}/${r.sourceOffset}`,
+        `${r.originalTopic} ${r.originalPartition}/${r.replayedOffset}`, r.key ?? "–"]))
+      : el("p", { class: "hint" }, "Nothing replayed yet."));
 }
 
 /**
@@ -451,26 +638,40 @@ async function dryRun() {
     // The form changed (or the token went) while the dry run ran: its answer is stale.
     if (generation !== state.dryRunGeneration) return;
     const warnings = (body.keys || []).filter((k) => k.newerProcessed > 0);
+    const again = body.alreadyReplayed || 0;
+    const unknown = body.replayLog === "unavailable";
+    const consent = again > 0 || (unknown && body.wouldReplay > 0);
     fill($("dlt-result"),
       el("p", { id: "dlt-plan" }, `A replay would republish ${body.wouldReplay} record(s) to their original topics.`),
+      again > 0
+        ? el("p", { class: "error", id: "dlt-already" }, `${again} of these record(s) were replayed before (see the replay log below): replaying again republishes them again.`)
+        : null,
+      unknown
+        ? el("p", { class: "error", id: "dlt-already" }, "The replay log cannot be read now: the console cannot tell whether these records were replayed before.")
+        : null,
+      consent
+        ? el("label", { class: "consent" }, el("input", { type: "checkbox", id: "dlt-again" }), " Replay them anyway")
+        : null,
       body.scanTruncated ? el("p", { class: "error" }, "The scan for newer records was cut short: the counts below may be low.") : null,
       warnings.length
         ? el("p", { class: "error" }, `${warnings.length} key(s) already have newer processed records: replaying may apply an older state after a newer one.`)
         : null,
       body.records.length
-        ? table(["record", "to", "key", "newer processed of key"], body.records.map((r) => [
+        ? table(["record", "to", "key", "newer processed of key", "replayed before"], body.records.map((r) => [
           r.id !== undefined ? `#${r.id}` : `${r.partition}/${r.offset}`,
-          `${r.originalTopic} ${r.originalPartition}/${r.originalOffset ?? "?"}`, r.key ?? "–", fmtNum(r.newerProcessedOfKey)]))
+          `${r.originalTopic} ${r.originalPartition}/${r.originalOffset ?? "?"}`, r.key ?? "–", fmtNum(r.newerProcessedOfKey),
+          r.replayedBefore ? `${r.replayedBefore.times}×, last ${r.replayedBefore.lastAt}` : ""]))
         : null);
     if (body.wouldReplay > 0) {
       state.planned = { source: selection.source, count: body.wouldReplay, bodies: exactReplays(selection.source, selection.body, body.records) };
-      $("dlt-replay").dataset.blocked = "0";
-      $("dlt-replay").textContent = `Replay ${body.wouldReplay} record(s)`;
-      renderMode();
+      state.planNeedsConsent = consent;
+      $("dlt-replay").textContent = again > 0 ? `Replay ${body.wouldReplay} record(s) again` : `Replay ${body.wouldReplay} record(s)`;
+      if (consent) $("dlt-again").addEventListener("change", syncReplayButton);
+      syncReplayButton();
     }
   } catch (e) {
     if (generation !== state.dryRunGeneration) return;
-    fill($("dlt-result"), el("p", { class: "error" }, `Dry run failed: ${e.message}`));
+    fill($("dlt-result"), el("p", { class: "error" }, `Dry run failed. ${e.message}`));
   }
 }
 
@@ -481,18 +682,22 @@ async function replay() {
   let replayed = 0;
   $("dlt-dry-run").dataset.blocked = "1";
   renderMode();
+  let unlogged = false;
   try {
     for (const body of planned.bodies) {
-      replayed += (await api(replayPath(planned.source, false), { method: "POST", body })).replayed;
+      const answer = await api(replayPath(planned.source, false), { method: "POST", body });
+      replayed += answer.replayed;
+      unlogged = unlogged || answer.logged === false;
     }
-    fill($("dlt-result"), el("p", { id: "dlt-replayed", class: "ok" }, `Replayed ${replayed} record(s).`));
+    fill($("dlt-result"), el("p", { id: "dlt-replayed", class: "ok" }, `Replayed ${replayed} record(s).`),
+      unlogged ? el("p", { class: "error" }, "The replay log could not be written: a later dry run will not warn about these records.") : null);
     flash(`Replayed ${replayed} record(s).`, "ok");
   } catch (e) {
-    fill($("dlt-result"), el("p", { class: "error" }, `Replay failed after ${replayed} record(s): ${e.message}`));
+    fill($("dlt-result"), el("p", { class: "error" }, `Replay failed after ${replayed} record(s). ${e.message}`));
   }
   $("dlt-dry-run").dataset.blocked = "0";
   renderMode();
-  await Promise.allSettled([once("dlt", refreshDltSummary), loadDlt()]);
+  await Promise.allSettled([once("dlt", refreshers().dlt), loadDlt(), loadReplayLog()]);
 }
 
 // ---------- transfers ----------
@@ -544,6 +749,52 @@ async function lookupTransfer(event) {
       s.at, `+${Date.parse(s.at) - first}`, s.stage, s.topic || "", s.what])));
 }
 
+function statusBadge(status) {
+  return el("span", { class: `badge ${status === "SETTLED" ? "ok" : status === "PENDING" ? "warn" : "bad"}` }, status);
+}
+
+/** The transfer list: newest first, by account and status; `more` appends the next page. */
+async function searchTransfers(event, more = false) {
+  if (event) event.preventDefault();
+  if (!state.token) {
+    fill($("transfers-list"), el("p", { class: "hint" }, "The transfer list shows accounts and amounts: give the admin token first."));
+    return;
+  }
+  const q = new URLSearchParams({ limit: String(TRANSFERS_PAGE) });
+  const account = $("transfers-account").value.trim();
+  const status = $("transfers-status").value;
+  if (account) q.set("account", account);
+  if (status) q.set("status", status);
+  if (more && state.transfersNext) q.set("before", state.transfersNext);
+  let body;
+  try {
+    body = await api(`/admin/transfers?${q}`);
+  } catch (e) {
+    fill($("transfers-list"), el("p", { class: "error", id: "transfers-error" }, e.message));
+    return;
+  }
+  state.transfersNext = body.next;
+  const rows = body.transfers.map((t) => el("tr", { "data-id": t.id },
+    el("td", {}, el("a", { href: `#/transfer/${t.id}` }, el("code", {}, t.id))),
+    el("td", {}, statusBadge(t.status)),
+    el("td", {}, fmtMoney(t.amountCents, t.currency)),
+    el("td", {}, t.sourceAccount), el("td", {}, t.destinationAccount), el("td", {}, t.createdAt)));
+  const existing = more ? $("transfers-list").querySelector("tbody") : null;
+  if (existing) {
+    existing.append(...rows);
+  } else {
+    fill($("transfers-list"), el("div", { class: "table-scroll" }, el("table", { id: "transfers-table" },
+      el("thead", {}, el("tr", {}, ["transfer", "status", "amount", "from", "to", "accepted"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows))));
+  }
+  const shown = $("transfers-list").querySelectorAll("tbody tr").length;
+  const old = $("transfers-count");
+  if (old) old.remove();
+  $("transfers-list").prepend(el("p", { class: "hint", id: "transfers-count" },
+    shown ? `${shown} transfer(s) shown, newest first${body.next ? "" : "; no more"}.` : "No transfer matches."));
+  $("transfers-more").hidden = !body.next;
+}
+
 // ---------- routing ----------
 
 function decoded(part) {
@@ -572,6 +823,7 @@ function route() {
     $("dlt-hint").textContent = state.token
       ? "Choose a source and a selection; a replay is always preceded by its dry run."
       : "Counts are open; record contents and replay need the admin token.";
+    loadReplayLog().catch((e) => fill($("replay-log"), el("h3", {}, "Replay log"), el("p", { class: "error" }, e.message)));
   }
   if (name === "transfer" && arg) {
     $("transfer-id").value = arg;
@@ -582,7 +834,7 @@ function route() {
 function start() {
   $("token-form").addEventListener("submit", useToken);
   $("token-clear").addEventListener("click", forgetToken);
-  $("ledger-run").addEventListener("click", () => once("ledger", refreshLedger));
+  $("ledger-run").addEventListener("click", () => once("ledger", refreshers().ledger).catch(() => {}));
   $("dlt-form").addEventListener("submit", loadDlt);
   $("dlt-form").addEventListener("input", invalidatePlan);
   $("dlt-topic").addEventListener("change", () => {
@@ -594,11 +846,15 @@ function start() {
   $("dlt-replay").setAttribute("data-needs-token", "");
   $("dlt-dry-run").setAttribute("data-needs-token", "");
   $("transfer-form").addEventListener("submit", lookupTransfer);
+  $("transfers-form").addEventListener("submit", (e) => searchTransfers(e, false));
+  $("transfers-more").addEventListener("click", () => searchTransfers(null, true));
   window.addEventListener("hashchange", route);
   invalidatePlan();
   renderMode();
+  checkTokenConfigured();
   route();
   poll();
+  setInterval(tickStale, 1000);
 }
 
 document.addEventListener("DOMContentLoaded", start);

@@ -176,6 +176,8 @@ pub async fn start(
         },
         &metrics,
     );
+    let throughput = crate::throughput::History::default();
+    throughput.spawn_sampler(metrics.clone());
     let state = web::Data::new(AppState {
         pool: pools.get(DbPool::HTTP).clone(),
         pools: pools.named(&running_pools),
@@ -193,6 +195,7 @@ pub async fn start(
         known_topics: config.topics_to_create(),
         stages: controls,
         dlt_probe,
+        throughput,
         dropped: state_dropped_tx,
     });
     let (intake, admin) = listeners.into_parts();

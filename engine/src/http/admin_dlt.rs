@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::Admin;
+use super::dlt_replays;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
 use crate::dlt::{self, table};
@@ -128,11 +129,15 @@ pub(super) async fn dlt_read(
     })
     .await
     .map_err(|e| ApiError::Internal(format!("DLT read task failed: {e}")))??;
-    let records: Vec<Value> = page.records.iter().map(dlt::DltRecord::view).collect();
+    let positions: Vec<_> = page.records.iter().map(|r| (Some(r.partition), r.offset)).collect();
+    let prior = dlt_replays::prior(&state, &topic, &positions).await;
+    let records: Vec<Value> =
+        page.records.iter().zip(&positions).map(|(r, at)| with_prior(r.view(), prior.as_ref(), *at)).collect();
     Ok(HttpResponse::Ok().json(json!({
         "topic": topic,
         "count": records.len(),
         "records": records,
+        "replayLog": dlt_replays::log_state(prior.as_ref()),
         "next": page.next.map(|(partition, offset)| json!({ "partition": partition, "offset": offset })),
     })))
 }
@@ -158,11 +163,22 @@ async fn dry_run(state: &web::Data<AppState>, origins: Vec<dlt::Origin>) -> Resu
     .map_err(ApiError::from)
 }
 
-fn dry_run_body(records: Vec<Value>, report: dlt::DryRun) -> Value {
+/// `view` with `replayedBefore` (see [`dlt_replays::replayed_before`]).
+fn with_prior(mut view: Value, prior: Option<&dlt_replays::PriorReplays>, at: (Option<i32>, i64)) -> Value {
+    if let Some(obj) = view.as_object_mut() {
+        obj.insert("replayedBefore".into(), dlt_replays::replayed_before(prior, at));
+    }
+    view
+}
+
+fn dry_run_body(records: Vec<Value>, report: dlt::DryRun, prior: Option<&dlt_replays::PriorReplays>) -> Value {
+    let already = records.iter().filter(|r| !r["replayedBefore"].is_null()).count();
     json!({
         "dryRun": true,
         "replayed": 0,
         "wouldReplay": records.len(),
+        "alreadyReplayed": already,
+        "replayLog": dlt_replays::log_state(prior),
         "records": records,
         "keys": report.keys,
         "scanTruncated": report.scan_truncated,
@@ -183,7 +199,8 @@ fn replay_producer(state: &AppState) -> Result<rdkafka::producer::FutureProducer
 /// value and headers (every `dlt-*` header removed) plus `replayed-from:
 /// <dlt>/<partition>/<offset>`, in offset order per partition, with an idempotent producer
 /// (acks=all), and answers once every copy is acknowledged: `{replayed, records:
-/// [{partition, offset, originalTopic, originalPartition, replayedOffset}]}`.
+/// [{partition, offset, originalTopic, originalPartition, replayedOffset}], logged}`
+/// (`logged`: whether the replay log took them; see `super::dlt_replays`).
 ///
 /// The optional JSON body `{partition?, fromOffset?, toOffset?, key?}` (offsets inclusive)
 /// narrows the selection; no body means every record present when the request started.
@@ -194,7 +211,9 @@ fn replay_producer(state: &AppState) -> Result<rdkafka::producer::FutureProducer
 /// newerProcessedOfKey}], keys: [{originalTopic, originalPartition, key, records,
 /// newerProcessed, consumerGroup, committedOffset}], scanTruncated}`: for each record, the
 /// records of its key in its original partition after it that its consumer group already
-/// processed (committed); a replayed copy is applied after them.
+/// processed (committed); a replayed copy is applied after them. Each record also says
+/// `replayedBefore` (`{times, lastAt}` or null), and the answer `alreadyReplayed` and
+/// `replayLog` (`ok`, or `unavailable` when the log could not be read).
 ///
 /// Replaying does not delete the DLT records: Kafka cannot delete single records, so
 /// they stay until retention removes them, and replaying them again republishes them
@@ -235,12 +254,14 @@ pub(super) async fn dlt_replay(
             })
             .collect();
         let report = dry_run(&state, origins.clone()).await?;
+        let positions: Vec<_> = planned.iter().map(|(r, _)| (Some(r.partition), r.offset)).collect();
+        let prior = dlt_replays::prior(&state, &topic, &positions).await;
         let records = planned
             .iter()
             .zip(&origins)
             .zip(&report.newer_of_each)
             .map(|(((record, _), origin), newer)| {
-                json!({
+                let view = json!({
                     "partition": record.partition,
                     "offset": record.offset,
                     "originalTopic": origin.topic,
@@ -248,21 +269,21 @@ pub(super) async fn dlt_replay(
                     "originalOffset": origin.offset,
                     "key": dlt::bytes_view(record.key.as_deref()).0,
                     "newerProcessedOfKey": newer,
-                })
+                });
+                with_prior(view, prior.as_ref(), (Some(record.partition), record.offset))
             })
             .collect();
-        return Ok(HttpResponse::Ok().json(dry_run_body(records, report)));
+        return Ok(HttpResponse::Ok().json(dry_run_body(records, report, prior.as_ref())));
     }
-    let result = dlt::replay(&replay_producer(&state)?, &planned).await;
-    let acked = match &result {
-        Ok(done) => done.len(),
-        Err(dlt::DltError::Produce { acked, .. }) => *acked,
-        Err(_) => 0,
-    };
-    state.metrics.dlt_replayed_total.with_label_values(&[&topic]).inc_by(acked as u64);
-    let done = result?;
+    let (done, failure) = dlt::replay_each(&replay_producer(&state)?, &planned).await;
+    // Every acknowledged copy, also of a replay that failed part-way.
+    let logged = dlt_replays::log(&state, dlt_replays::of_topic(&topic, &planned, &done)).await;
+    state.metrics.dlt_replayed_total.with_label_values(&[&topic]).inc_by(done.len() as u64);
+    if let Some(source) = failure {
+        return Err(dlt::DltError::Produce { acked: done.len(), selected: planned.len(), source }.into());
+    }
     tracing::info!(topic = %topic, replayed = done.len(), "Replayed DLT records.");
-    Ok(HttpResponse::Ok().json(json!({ "replayed": done.len(), "records": done })))
+    Ok(HttpResponse::Ok().json(json!({ "replayed": done.len(), "records": done, "logged": logged })))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -338,21 +359,24 @@ pub(super) async fn dead_letters_replay(
     }
     if query.dry_run == Some(true) {
         let report = dry_run(&state, rows.iter().map(table::DeadLetterView::origin).collect()).await?;
+        let positions: Vec<_> = rows.iter().map(|r| (None, r.id)).collect();
+        let prior = dlt_replays::prior(&state, table::NAME, &positions).await;
         let records = rows
             .iter()
             .zip(&report.newer_of_each)
             .map(|(row, newer)| {
-                json!({
+                let view = json!({
                     "id": row.id,
                     "originalTopic": row.original_topic,
                     "originalPartition": row.original_partition,
                     "originalOffset": row.original_offset,
                     "key": dlt::bytes_view(row.record_key.as_deref()).0,
                     "newerProcessedOfKey": newer,
-                })
+                });
+                with_prior(view, prior.as_ref(), (None, row.id))
             })
             .collect();
-        return Ok(HttpResponse::Ok().json(dry_run_body(records, report)));
+        return Ok(HttpResponse::Ok().json(dry_run_body(records, report, prior.as_ref())));
     }
     let outs: Vec<dlt::Republish> = rows.iter().map(table::DeadLetterView::republish).collect();
     let results = dlt::send_all(&replay_producer(&state)?, &outs.iter().collect::<Vec<_>>()).await;
@@ -365,6 +389,7 @@ pub(super) async fn dead_letters_replay(
         }
     }
     let ids: Vec<i64> = done.iter().map(|(row, _, _)| row.id).collect();
+    dlt_replays::log(&state, done.iter().map(|(row, p, o)| dlt_replays::of_row(row, *p, *o)).collect()).await;
     if !ids.is_empty() {
         let mut conn = state.pool.get().await?;
         table::mark_replayed(&mut conn, &ids).await?;

@@ -6,10 +6,12 @@ pub mod admin;
 mod admin_dlt;
 pub mod auth;
 mod console;
+mod dlt_replays;
 pub mod error;
 pub mod intake;
 pub mod openapi;
 pub mod orders;
+mod transfer_list;
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -59,6 +61,8 @@ pub struct AppState {
     /// A long-lived assign-only consumer for DLT watermarks (`/admin/dlt`, `/metrics`), so
     /// that a scrape does not pay for a new Kafka connection. Never assigned, never commits.
     pub dlt_probe: std::sync::Arc<rdkafka::consumer::BaseConsumer>,
+    /// Records and accepted transfers per interval, for `/admin/throughput`.
+    pub throughput: crate::throughput::History,
     /// Keep last: fields drop in declaration order, so when this sender is dropped (its
     /// receiver disconnects) every Kafka client above is destroyed. The daemon stops an
     /// embedded broker only after that.

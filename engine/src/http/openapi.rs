@@ -14,7 +14,7 @@ use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::error::ApiError;
-use super::{accounts, admin, admin_dlt, console, intake, orders, AppState};
+use super::{accounts, admin, admin_dlt, console, dlt_replays, intake, orders, transfer_list, AppState};
 
 /// The intake listener's document.
 #[derive(OpenApi)]
@@ -60,8 +60,14 @@ pub struct IntakeApi;
         console::index,
         console::app_js,
         console::app_css,
-        console::transfer,
+        console::favicon,
+        console::favicon_ico,
+        console::story::transfer,
         console::token,
+        console::token_status,
+        console::throughput,
+        transfer_list::list,
+        dlt_replays::list,
         admin_document,
     ),
     modifiers(&ADMIN),

@@ -318,7 +318,7 @@ async fn replay_requires_the_admin_token() {
     assert_eq!(error_code(&body), "forbidden");
     let (status, body) = replay(&app, Some(TOKEN), DLT, None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body, json!({"replayed": 0, "records": []}));
+    assert_eq!(body, json!({"replayed": 0, "records": [], "logged": true}));
     // Authorized, but not a DLT topic of this configuration / not a valid body.
     let (status, body) = replay(&app, Some(TOKEN), ANALYZED, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");

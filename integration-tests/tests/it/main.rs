@@ -8,6 +8,7 @@ mod broker;
 mod chaos;
 mod cli;
 mod console;
+mod console_bad_day;
 mod deploy;
 mod dlt_admin;
 mod docs;

@@ -1,13 +1,7 @@
-//! The operator console: a single page served at `/` of the admin listener, built from
-//! plain HTML, CSS and JavaScript embedded in the binary (no build step, no Node.js). It
-//! calls the admin API from the browser; the token, when the operator gives it, travels as
-//! a Bearer header like any other client's.
-//!
-//! Also here, for the console's transfer lookup: `GET /admin/transfers/{id}` (admin
-//! token, it shows accounts and amounts), the transfer with its antifraud decision, its
-//! postings and a timeline of what every stage did with it, from the tables.
+//! The console's transfer lookup: `GET /admin/transfers/{id}` (admin token, it shows
+//! accounts and amounts), the transfer with its antifraud decision, its postings and a
+//! timeline of what every stage did with it, from the tables.
 
-use actix_web::http::header::{self, HeaderValue};
 use actix_web::{web, HttpResponse};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -19,70 +13,17 @@ use tally_actors::store::transfers::REQUESTED_KIND;
 use tally_schema::events::derived_event_id;
 use uuid::Uuid;
 
-use super::auth::Admin;
-use super::error::{ApiError, ErrorBody};
-use super::intake::TransferView;
-use super::AppState;
 use crate::config::TopicsConfig;
-
-const INDEX_HTML: &str = include_str!("../../assets/console/index.html");
-const APP_JS: &str = include_str!("../../assets/console/app.js");
-const APP_CSS: &str = include_str!("../../assets/console/app.css");
-
-/// Scripts and styles only from this origin, no inline script, no framing: the page
-/// handles the admin token.
-const CSP: &str = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; \
-                   connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
-
-pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", web::get().to(index))
-        .route("/console/app.js", web::get().to(app_js))
-        .route("/console/app.css", web::get().to(app_css))
-        .route("/admin/transfers/{id}", web::get().to(transfer))
-        .route("/admin/token", web::get().to(token));
-}
-
-fn asset(content_type: &'static str, body: &'static str) -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type(content_type)
-        .insert_header((header::CACHE_CONTROL, HeaderValue::from_static("no-cache")))
-        .insert_header((header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")))
-        .insert_header((header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP)))
-        .insert_header((header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")))
-        .body(body)
-}
-
-#[utoipa::path(get, path = "/", tag = "console",
-    responses((status = 200, description = "The operator console.", body = String, content_type = "text/html")))]
-pub(super) async fn index() -> HttpResponse {
-    asset("text/html; charset=utf-8", INDEX_HTML)
-}
-
-#[utoipa::path(get, path = "/console/app.js", tag = "console",
-    responses((status = 200, description = "The console's script.", body = String, content_type = "text/javascript")))]
-pub(super) async fn app_js() -> HttpResponse {
-    asset("text/javascript; charset=utf-8", APP_JS)
-}
-
-#[utoipa::path(get, path = "/console/app.css", tag = "console",
-    responses((status = 200, description = "The console's styles.", body = String, content_type = "text/css")))]
-pub(super) async fn app_css() -> HttpResponse {
-    asset("text/css; charset=utf-8", APP_CSS)
-}
-
-/// `GET /admin/token` (admin token): 200 when the request carries the admin token. Touches
-/// neither the database nor Kafka, so the console can take the token while they are down.
-#[utoipa::path(get, path = "/admin/token", tag = "console", security(("admin" = [])),
-    responses((status = 200, description = "`{ok: true}`: the token is right.", body = Object)))]
-pub(super) async fn token(_: Admin) -> HttpResponse {
-    HttpResponse::Ok().json(json!({ "ok": true }))
-}
+use crate::http::auth::Admin;
+use crate::http::error::{ApiError, ErrorBody};
+use crate::http::intake::TransferView;
+use crate::http::AppState;
 
 /// `GET /admin/transfers/{id}` (admin token).
 #[utoipa::path(get, path = "/admin/transfers/{id}", tag = "console", params(("id" = Uuid, Path)), security(("admin" = [])),
     responses((status = 200, description = "The transfer, its decision, postings and timeline.", body = Object),
         (status = 404, description = "No such transfer.", body = ErrorBody)))]
-pub(super) async fn transfer(
+pub(in crate::http) async fn transfer(
     _: Admin,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
