@@ -145,7 +145,7 @@ async fn a_broker_certificate_from_another_authority_fails_the_handshake() {
     use_tls(&mut config, &tls, &other.cert_path(), None);
     let seen = reader_reports(&config, "SSL handshake failed").await;
     assert!(seen.contains("certificate verify failed"), "{seen}");
-    let e = spawn_on_cluster(config.clone()).await.err().expect("the daemon refuses to start");
+    let e = spawn_on_cluster(config.clone()).await.expect_err("the daemon refuses to start");
     assert!(e.contains("cannot look the topics up"), "{e}");
 
     // The same broker with the right authority: the handshake was the only problem.
