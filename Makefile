@@ -16,7 +16,7 @@ db: ## Make sure the local PostgreSQL is running
 run: db ## Run the daemon on the embedded defaults (local PostgreSQL, in-process Kafka)
 	$(CARGO) run -p tally-engine --bin tally -- run
 
-test: db noida schemathesis browser ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
+test: db noida schemathesis browser socat ## Run every test (unit and integration, real PostgreSQL and Kafka protocol)
 	$(CARGO) test --workspace --all-targets --no-fail-fast
 
 test-kafka: db ## The transaction tests against another cluster (set TALLY_TEST_KAFKA=host:port)
@@ -30,6 +30,9 @@ chaos: db ## The history checker under faults, long profile (CHAOS_SECS=300; CHA
 
 browser: ## Install Debian's Chromium and ChromeDriver (the console's browser tests), once; TALLY_SKIP_BROWSER=1 skips them (refused under CI)
 	@scripts/ensure-chromium.sh >/dev/null || [ "$$TALLY_SKIP_BROWSER" = 1 ]
+
+socat: ## Install Debian's socat (the TLS-terminating proxy of the Kafka TLS tests), once
+	@scripts/ensure-socat.sh >/dev/null
 
 noida: ## Install noida-db (a Kafka with real transactions, for tests) under target/, once
 	@scripts/ensure-noida.sh >/dev/null

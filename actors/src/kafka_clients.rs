@@ -5,7 +5,9 @@
 //!    compression), which an operator may change; under the `consumer` group protocol
 //!    (KIP-848) the broker defines session, heartbeat and assignment, so members get none
 //!    of those;
-//! 2. the operator's pass-through properties (`kafka.consumer.*`, `kafka.producer.*`);
+//! 2. the operator's pass-through properties: `kafka.common.*` for every client (where
+//!    `security.protocol`, `ssl.*` and `sasl.*` belong), then `kafka.consumer.*` or
+//!    `kafka.producer.*` by role;
 //! 3. what the role needs to be correct (group id, offset storage, idempotence,
 //!    `transactional.id`, isolation level, `group.protocol`), which nothing may change:
 //!    the role sets them after this builder hands the configuration over.
@@ -73,9 +75,15 @@ impl GroupProtocol {
 
 /// Where the clients connect and the operator's pass-through properties. `Debug` shows
 /// the properties' keys only: their values may be credentials.
+///
+/// Every Kafka client tally makes takes its settings from one of the methods here (group
+/// members, readers, producers, transactional producers, admin clients), so that the
+/// connection's security settings reach each of them.
 #[derive(Clone, Default)]
 pub struct KafkaClients {
     bootstrap: String,
+    /// Properties of every client (security settings), under the role's own.
+    common: BTreeMap<String, String>,
     consumer: BTreeMap<String, String>,
     producer: BTreeMap<String, String>,
     /// `<instance id>` when consumers join as static members (`group.instance.id`).
@@ -87,6 +95,7 @@ impl std::fmt::Debug for KafkaClients {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaClients")
             .field("bootstrap", &self.bootstrap)
+            .field("common", &self.common.keys().collect::<Vec<_>>())
             .field("consumer", &self.consumer.keys().collect::<Vec<_>>())
             .field("producer", &self.producer.keys().collect::<Vec<_>>())
             .field("static_member", &self.static_member)
@@ -100,11 +109,20 @@ impl KafkaClients {
     pub fn new(bootstrap: &str, consumer: BTreeMap<String, String>, producer: BTreeMap<String, String>) -> Self {
         Self {
             bootstrap: bootstrap.to_owned(),
+            common: BTreeMap::new(),
             consumer,
             producer,
             static_member: None,
             group_protocol: GroupProtocol::Classic,
         }
+    }
+
+    /// Every client also gets `common` (`security.protocol`, `ssl.*`, `sasl.*`, ...),
+    /// layered under the role's own pass-through properties.
+    #[must_use]
+    pub fn with_common(mut self, common: BTreeMap<String, String>) -> Self {
+        self.common = common;
+        self
     }
 
     /// Group members join under `protocol` (classic unless set).
@@ -134,11 +152,16 @@ impl KafkaClients {
     fn base(&self, client_id: &str) -> ClientConfig {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.bootstrap).set("client.id", client_id);
+        // Over TLS, the broker's certificate is checked against the system's roots, found
+        // at their usual paths: the OpenSSL built into librdkafka looks for them under its
+        // own build-time directory, which no distribution uses. Plaintext clients ignore it.
+        c.set("ssl.ca.location", "probe");
         c
     }
 
-    fn layer(mut c: ClientConfig, pass_through: &BTreeMap<String, String>) -> ClientConfig {
-        for (k, v) in pass_through {
+    /// `c` with the common pass-through properties, then the role's (`pass_through`).
+    fn layer(&self, mut c: ClientConfig, pass_through: &BTreeMap<String, String>) -> ClientConfig {
+        for (k, v) in self.common.iter().chain(pass_through) {
             c.set(k, v);
         }
         c
@@ -173,7 +196,7 @@ impl KafkaClients {
                 .set("heartbeat.interval.ms", "1000")
                 .set("partition.assignment.strategy", "cooperative-sticky");
         }
-        let mut c = Self::layer(c, &self.consumer);
+        let mut c = self.layer(c, &self.consumer);
         c.set("group.protocol", self.group_protocol.name());
         // After the pass-through: one id shared by several members would fence them all.
         if let Some(instance) = &self.static_member {
@@ -187,7 +210,7 @@ impl KafkaClients {
     /// the group).
     #[must_use]
     pub fn reader(&self, client_id: &str, group: Option<&str>) -> ClientConfig {
-        let mut c = Self::layer(self.base(client_id), &self.consumer);
+        let mut c = self.layer(self.base(client_id), &self.consumer);
         c.set("log_level", "3")
             .set("group.id", group.unwrap_or(client_id))
             .set("enable.auto.commit", "false")
@@ -203,7 +226,7 @@ impl KafkaClients {
     pub fn producer(&self, client_id: &str, message_timeout: Duration) -> ClientConfig {
         let mut c = self.producer_defaults(client_id);
         c.set("enable.idempotence", "true").set("message.timeout.ms", message_timeout.as_millis().to_string());
-        Self::layer(c, &self.producer)
+        self.layer(c, &self.producer)
     }
 
     /// A transactional producer with `transactional_id`; a transaction open longer than
@@ -214,7 +237,7 @@ impl KafkaClients {
         // A transaction's records are produced in one burst, then committed at once:
         // lingering would only hold the commit back.
         defaults.set("linger.ms", "0");
-        let mut c = Self::layer(defaults, &self.producer);
+        let mut c = self.layer(defaults, &self.producer);
         c.set("transactional.id", transactional_id)
             .set("enable.idempotence", "true")
             .set("transaction.timeout.ms", timeout.as_millis().to_string());
@@ -228,10 +251,10 @@ impl KafkaClients {
     }
 
     /// A client for metadata and the Admin API, with the producer's pass-through
-    /// properties (security settings live there).
+    /// properties.
     #[must_use]
     pub fn admin(&self, client_id: &str) -> ClientConfig {
-        Self::layer(self.base(client_id), &self.producer)
+        self.layer(self.base(client_id), &self.producer)
     }
 }
 
@@ -309,9 +332,37 @@ mod tests {
     }
 
     #[test]
+    fn every_kind_of_client_gets_the_common_properties_under_its_own() {
+        let common = BTreeMap::from([
+            ("security.protocol".into(), "SASL_SSL".into()),
+            ("sasl.mechanism".into(), "SCRAM-SHA-512".into()),
+            ("ssl.ca.location".into(), "/etc/ca.pem".into()),
+            ("linger.ms".into(), "3".into()),
+        ]);
+        let clients = clients().with_common(common);
+        let timeout = Duration::from_secs(10);
+        for (kind, c) in [
+            ("group member", clients.group_consumer("ledger")),
+            ("reader", clients.reader("tally-dlt-admin", Some("g"))),
+            ("producer", clients.producer("tally-outbox", timeout)),
+            ("transactional producer", clients.transactional_producer("tally-antifraud", "tid", timeout)),
+            ("admin client", clients.admin("tally-topics")),
+        ] {
+            assert_eq!(c.get("security.protocol"), Some("SASL_SSL"), "{kind}");
+            assert_eq!(c.get("sasl.mechanism"), Some("SCRAM-SHA-512"), "{kind}");
+            assert_eq!(c.get("ssl.ca.location"), Some("/etc/ca.pem"), "{kind}");
+            assert_eq!(c.get("bootstrap.servers"), Some("b:9092"), "{kind}");
+        }
+        let p = clients.producer("tally-outbox", timeout);
+        assert_eq!(p.get("linger.ms"), Some("7"), "the producer's own property wins over the common one");
+        let plain = KafkaClients::new("b:9092", BTreeMap::new(), BTreeMap::new());
+        assert_eq!(plain.admin("tally-topics").get("ssl.ca.location"), Some("probe"), "the system's roots");
+    }
+
+    #[test]
     fn debug_shows_no_property_values() {
         let secret = BTreeMap::from([("sasl.password".into(), "s3cret".into())]);
-        let shown = format!("{:?}", KafkaClients::new("b:9092", secret.clone(), secret));
+        let shown = format!("{:?}", KafkaClients::new("b:9092", secret.clone(), secret.clone()).with_common(secret));
         assert!(shown.contains("sasl.password") && !shown.contains("s3cret"), "{shown}");
     }
 

@@ -268,8 +268,14 @@ impl EmbeddedBroker {
         unsafe { rdsys::rd_kafka_mock_clear_request_errors(self.cluster.as_ptr(), api_key) }
     }
 
-    /// Advertises broker `id` at `addr` in metadata responses (for the fixed-port forwarder).
-    fn advertise(&self, id: i32, addr: SocketAddr) -> anyhow::Result<()> {
+    /// Advertises broker `id` at `addr` in metadata responses, while it goes on listening
+    /// where it did: for a proxy in front of it (the fixed-port forwarder, or a
+    /// TLS-terminating proxy), through which clients then make every connection after the
+    /// bootstrap one.
+    ///
+    /// # Errors
+    /// When `addr`'s host cannot be passed to librdkafka.
+    pub fn advertise(&self, id: i32, addr: SocketAddr) -> anyhow::Result<()> {
         let host = CString::new(addr.ip().to_string()).context("host contains NUL")?;
         // SAFETY: live cluster, NUL-terminated host that outlives the call.
         unsafe {

@@ -14,6 +14,7 @@
 //! | `webhook` | [`WebhookReceiver`] |
 //! | `hostile` | records no well-behaved producer writes, produced as raw bytes |
 //! | `noida` | a noida-db broker (real transactions) |
+//! | `kafka_tls` | [`kafka_tls::TlsBroker`]: a TLS-terminating proxy (socat) in front of the embedded broker |
 //! | `browser` | [`Browser`]: headless Chromium over WebDriver, screenshots under `target/ui/` |
 //!
 //! Conventions every test follows:
@@ -61,6 +62,7 @@ mod daemon;
 mod db;
 pub mod hostile;
 mod kafka;
+pub mod kafka_tls;
 pub mod noida;
 pub mod tls;
 mod wait;

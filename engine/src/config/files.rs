@@ -23,16 +23,16 @@ impl Config {
         }
         let kafka = &mut self.kafka;
         if !kafka.sasl_password_file.is_empty() {
-            if kafka.producer.contains_key("sasl.password") || kafka.consumer.contains_key("sasl.password") {
+            let elsewhere = [&kafka.common, &kafka.producer, &kafka.consumer];
+            if elsewhere.iter().any(|properties| properties.contains_key("sasl.password")) {
                 return invalid(
                     "kafka.sasl_password_file",
-                    "is set, and so is \"sasl.password\" under kafka.producer or kafka.consumer: set one of them",
+                    "is set, and so is \"sasl.password\" under kafka.common, kafka.producer or kafka.consumer: set \
+                     one of them",
                 );
             }
             let password = read("kafka.sasl_password_file", &kafka.sasl_password_file)?;
-            for properties in [&mut kafka.producer, &mut kafka.consumer] {
-                properties.insert("sasl.password".into(), password.expose().to_owned());
-            }
+            kafka.common.insert("sasl.password".into(), password.expose().to_owned());
         }
         Ok(())
     }

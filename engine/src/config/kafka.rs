@@ -27,9 +27,13 @@ pub struct KafkaConfig {
     /// E.g. `[kafka.topic_configs."transfers.requested-dlt"]` `"retention.ms" = "-1"`.
     pub topic_configs: BTreeMap<String, BTreeMap<String, String>>,
     pub topics: TopicsConfig,
-    /// librdkafka properties passed through to every producer.
+    /// librdkafka properties passed through to every client tally makes (consumers,
+    /// producers, the transactional producer, admin clients, DLT readers and replays):
+    /// `security.protocol`, `ssl.*`, `sasl.*`. `producer` and `consumer` win over them.
+    pub common: ClientProperties,
+    /// librdkafka properties passed through to every producer (and admin client).
     pub producer: ClientProperties,
-    /// librdkafka properties passed through to every consumer.
+    /// librdkafka properties passed through to every consumer (and DLT reader).
     pub consumer: ClientProperties,
     /// The consumer group protocol of every group member tally makes: `classic` (every
     /// broker) or `consumer` (KIP-848, Kafka 4.0+; the broker assigns partitions through
@@ -37,7 +41,7 @@ pub struct KafkaConfig {
     /// too.
     pub group_protocol: GroupProtocol,
     /// A file holding the SASL password (a mounted secret): given to every client as
-    /// `sasl.password`.
+    /// `sasl.password` (through `common`).
     pub sasl_password_file: String,
 }
 
@@ -53,6 +57,7 @@ impl Default for KafkaConfig {
             retention_ms: 7 * 24 * 3600 * 1000,
             topic_configs: BTreeMap::new(),
             topics: TopicsConfig::default(),
+            common: ClientProperties::default(),
             producer: ClientProperties::default(),
             consumer: ClientProperties::default(),
             group_protocol: GroupProtocol::Classic,
@@ -83,6 +88,7 @@ impl KafkaConfig {
         // Group members get it from the builder; readers, which join no group, stay classic.
         consumer.remove(GROUP_PROTOCOL_KEY);
         tally_actors::kafka_clients::KafkaClients::new(bootstrap, consumer, (*self.producer).clone())
+            .with_common((*self.common).clone())
             .with_group_protocol(self.effective_group_protocol())
     }
 
@@ -198,5 +204,65 @@ impl KafkaConfig {
                 foreign.join("; ")
             ),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure type, not ours
+    fn security_settings_under_common_reach_every_client_and_never_print() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "tally.toml",
+                "[kafka]\nbrokers = \"k1:9093\"\n[kafka.common]\n\"security.protocol\" = \"SASL_SSL\"\n\
+                 \"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"tally\"\n\
+                 [kafka.consumer]\n\"sasl.username\" = \"tally-reader\"\n",
+            )?;
+            jail.set_env("TALLY__KAFKA__COMMON__SASL.PASSWORD", "hunter-scram");
+            jail.set_env("TALLY__KAFKA__COMMON__SSL.CA.LOCATION", "/etc/kafka/ca.pem");
+            let c = Config::load(Some(Path::new("tally.toml"))).map_err(|e| e.to_string())?;
+            let clients = c.kafka.clients("k1:9093");
+            let timeout = Duration::from_secs(1);
+            for (kind, client) in [
+                ("group member", clients.group_consumer("ledger")),
+                ("reader", clients.reader("tally-dlt-admin", None)),
+                ("producer", clients.producer("tally-outbox", timeout)),
+                ("transactional producer", clients.transactional_producer("tally-antifraud", "t", timeout)),
+                ("admin client", clients.admin("tally-topics")),
+            ] {
+                assert_eq!(client.get("security.protocol"), Some("SASL_SSL"), "{kind}");
+                assert_eq!(client.get("sasl.password"), Some("hunter-scram"), "{kind}");
+                assert_eq!(client.get("ssl.ca.location"), Some("/etc/kafka/ca.pem"), "{kind}");
+            }
+            assert_eq!(clients.group_consumer("ledger").get("sasl.username"), Some("tally-reader"));
+            assert_eq!(clients.admin("tally-topics").get("sasl.username"), Some("tally"));
+            let shown = c.to_redacted_toml();
+            assert!(!shown.contains("hunter") && !format!("{c:?}").contains("hunter"), "{shown}");
+            assert!(shown.contains(r#""sasl.password" = "<redacted>""#), "{shown}");
+            assert!(shown.contains(r#""security.protocol" = "SASL_SSL""#), "{shown}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure type, not ours
+    fn the_sasl_password_file_is_refused_beside_a_password_anywhere() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("pw", "hunter\n")?;
+            for section in ["common", "producer", "consumer"] {
+                jail.create_file(
+                    "tally.toml",
+                    &format!("[kafka]\nsasl_password_file = \"pw\"\n[kafka.{section}]\n\"sasl.password\" = \"x\"\n"),
+                )?;
+                let e = Config::load(Some(Path::new("tally.toml"))).map(|_| ()).unwrap_err().to_string();
+                assert!(e.contains("kafka.sasl_password_file"), "{section}: {e}");
+            }
+            Ok(())
+        });
     }
 }

@@ -311,8 +311,9 @@ fn every_secret_can_come_from_a_file_and_none_prints() {
         assert_eq!(c.database.password.expose(), "hunter-db");
         assert_eq!(c.http.admin_token.expose(), "hunter-admin");
         assert_eq!(c.notifications.webhook_secret.expose(), "hunter-hook");
-        assert_eq!(c.kafka.producer.get("sasl.password").map(String::as_str), Some("hunter-sasl"));
-        assert_eq!(c.kafka.consumer.get("sasl.password").map(String::as_str), Some("hunter-sasl"));
+        let clients = c.kafka.clients("b:9092");
+        assert_eq!(clients.producer("p", Duration::from_secs(1)).get("sasl.password"), Some("hunter-sasl"));
+        assert_eq!(clients.group_consumer("ledger").get("sasl.password"), Some("hunter-sasl"));
         assert_eq!(c.http.clients[0].token_digest(), Some([0xab; 32]));
         assert_eq!(
             c.database.connect_url(),

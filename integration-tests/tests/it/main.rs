@@ -15,6 +15,7 @@ mod docs;
 mod flow;
 mod group_commit;
 mod intake;
+mod kafka_tls;
 mod ledger;
 mod money_path;
 mod noida;
