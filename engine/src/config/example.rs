@@ -72,7 +72,8 @@ const KEYS: &[(&str, &str)] = &[
     ("http.intake_auth", "Every intake request needs an API client's bearer token (http.clients); else 401."),
     (
         "http.clients",
-        "API clients: [[http.clients]] name = \"shop\", token_sha256 = \"<sha256 of the token>\" (or token_sha256_file).",
+        "API clients: [[http.clients]] name = \"shop\", token_sha256 = [\"<sha256 of a token>\", ...] (or \
+         token_sha256_file), adopts_anonymous = false.",
     ),
     ("http.body_limit_bytes", "Largest request body accepted."),
     ("http.workers", "HTTP worker threads."),
@@ -142,7 +143,10 @@ const KEYS: &[(&str, &str)] = &[
     ("orders.group_id", "Consumer group of the order materializer (not ledger.group_id)."),
     ("notifications", "Webhook delivery of settled and rejected transfers."),
     ("notifications.webhook_url", "Where events are POSTed (http:// or https://); empty: the pipeline does not run."),
-    ("notifications.webhook_root_cert", "PEM file of the roots an https:// receiver must chain to; empty: the system's."),
+    (
+        "notifications.webhook_root_cert",
+        "PEM file of the roots an https:// receiver must chain to; empty: the system's.",
+    ),
     ("notifications.webhook_secret", "HMAC-SHA256 key of the X-Tally-Signature header."),
     ("notifications.webhook_secret_file", "A file holding notifications.webhook_secret (a mounted secret)."),
     ("notifications.timeout_ms", "Longest wait for the webhook's answer."),

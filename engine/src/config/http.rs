@@ -70,6 +70,12 @@ impl HttpConfig {
         if self.intake_auth && self.clients.is_empty() {
             return invalid("http.intake_auth", "is on, and http.clients names no API client");
         }
+        if self.clients.iter().filter(|c| c.adopts_anonymous).count() > 1 {
+            return invalid(
+                "http.clients.adopts_anonymous",
+                "is set on more than one client: anonymous requests were one caller's",
+            );
+        }
         let mut names = std::collections::HashSet::new();
         for client in &self.clients {
             let name = &client.name;
@@ -84,10 +90,16 @@ impl HttpConfig {
             if !names.insert(name) {
                 return invalid("http.clients.name", format!("`{name}` names two clients"));
             }
-            if client.token_digest().is_none() {
+            if client.token_digests().is_none() {
                 return invalid(
                     "http.clients.token_sha256",
-                    format!("of client `{name}` must be the SHA-256 of its token, 64 hexadecimal digits"),
+                    format!("of client `{name}` must be SHA-256 digests of its tokens, 64 hexadecimal digits each"),
+                );
+            }
+            if client.token_sha256.is_empty() {
+                return invalid(
+                    "http.clients.token_sha256",
+                    format!("of client `{name}` is empty: a client needs a token"),
                 );
             }
         }
@@ -96,24 +108,52 @@ impl HttpConfig {
 }
 
 /// One API client of the intake: its name, recorded with every transfer and order it
-/// creates, and the SHA-256 of its bearer token (the token itself is stored nowhere).
+/// creates and scoping its idempotency keys, and the SHA-256 of each of its bearer tokens
+/// (the tokens themselves are stored nowhere). Several digests at once let a token be
+/// rotated without a gap: add the new one, move the caller, remove the old one.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IntakeClientConfig {
     pub name: String,
     /// Hexadecimal SHA-256 of the client's bearer token, e.g. from
-    /// `printf %s "$TOKEN" | sha256sum`.
-    pub token_sha256: Secret,
-    /// A file holding `token_sha256` (a mounted secret).
+    /// `printf %s "$TOKEN" | sha256sum`: one, or a list of them.
+    #[serde(deserialize_with = "one_or_many")]
+    pub token_sha256: Vec<Secret>,
+    /// A file holding `token_sha256`, one digest a line (a mounted secret).
     pub token_sha256_file: String,
+    /// Requests of this client also replay the transfers and orders that anonymous
+    /// requests made with the same `Idempotency-Key` or `externalReference`: turn it on
+    /// for the caller that sent anonymous requests before `intake_auth` was turned on, so
+    /// that its retries across the cut-over do not apply twice.
+    pub adopts_anonymous: bool,
 }
 
 impl IntakeClientConfig {
-    /// The token's SHA-256, when `token_sha256` is 64 hexadecimal digits.
+    /// The SHA-256 of each token, when every `token_sha256` is 64 hexadecimal digits.
     #[must_use]
-    pub fn token_digest(&self) -> Option<[u8; 32]> {
-        let mut digest = [0u8; 32];
-        hex::decode_to_slice(self.token_sha256.expose().trim(), &mut digest).ok()?;
-        Some(digest)
+    pub fn token_digests(&self) -> Option<Vec<[u8; 32]>> {
+        self.token_sha256
+            .iter()
+            .map(|hex_digest| {
+                let mut digest = [0u8; 32];
+                hex::decode_to_slice(hex_digest.expose().trim(), &mut digest).ok()?;
+                Some(digest)
+            })
+            .collect()
     }
+}
+
+/// A string or a list of strings, as secrets.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<Secret>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::One(one) if one.is_empty() => Vec::new(),
+        OneOrMany::One(one) => vec![Secret::new(one)],
+        OneOrMany::Many(many) => many.into_iter().map(Secret::new).collect(),
+    })
 }

@@ -290,12 +290,14 @@ fn librdkafka_properties_can_come_from_the_environment() {
 fn every_secret_can_come_from_a_file_and_none_prints() {
     figment::Jail::expect_with(|jail| {
         let digest = "ab".repeat(32);
+        // One digest a line: two while a token is rotated.
+        let shop_digests = format!("{digest}\n{}\n", "cd".repeat(32));
         for (file, content) in [
             ("db-password", "hunter-db\n"),
             ("admin-token", "hunter-admin"),
             ("webhook-secret", "hunter-hook\r\n"),
             ("sasl-password", "hunter-sasl\n"),
-            ("shop-token", digest.as_str()),
+            ("shop-token", shop_digests.as_str()),
         ] {
             jail.create_file(file, content)?;
         }
@@ -313,7 +315,7 @@ fn every_secret_can_come_from_a_file_and_none_prints() {
         assert_eq!(c.notifications.webhook_secret.expose(), "hunter-hook");
         assert_eq!(c.kafka.producer.get("sasl.password").map(String::as_str), Some("hunter-sasl"));
         assert_eq!(c.kafka.consumer.get("sasl.password").map(String::as_str), Some("hunter-sasl"));
-        assert_eq!(c.http.clients[0].token_digest(), Some([0xab; 32]));
+        assert_eq!(c.http.clients[0].token_digests(), Some(vec![[0xab; 32], [0xcd; 32]]));
         assert_eq!(
             c.database.connect_url(),
             "postgres://postgres@127.0.0.1:5432/tally?sslmode=require&password=hunter%2Ddb"
@@ -324,7 +326,7 @@ fn every_secret_can_come_from_a_file_and_none_prints() {
             assert!(!format!("{c:?}").contains(secret), "{c:?}");
         }
         assert!(shown.contains("password_file = \"db-password\""), "the file's name shows: {shown}");
-        assert!(shown.contains("token_sha256 = \"<redacted>\""), "{shown}");
+        assert!(shown.contains("token_sha256 = [\n    \"<redacted>\",\n    \"<redacted>\",\n]"), "{shown}");
         Ok(())
     });
 }
@@ -361,12 +363,34 @@ fn intake_clients_are_validated_by_key() {
     let client =
         |name: &str, digest: &str| format!("[[http.clients]]\nname = \"{name}\"\ntoken_sha256 = \"{digest}\"\n");
     with(&format!("[http]\nintake_auth = true\n{}", client("shop", &digest))).unwrap();
+    // Several digests (a rotation).
+    let c = with(&format!(
+        "[http]\nintake_auth = true\n\
+         [[http.clients]]\nname = \"shop\"\ntoken_sha256 = [\"{digest}\", \"{}\"]\nadopts_anonymous = true",
+        "1".repeat(64)
+    ))
+    .unwrap();
+    assert_eq!(c.http.clients[0].token_digests().map(|d| d.len()), Some(2));
+    assert!(c.http.clients[0].adopts_anonymous);
     for (toml, key) in [
         ("[http]\nintake_auth = true".to_owned(), "http.intake_auth"),
         (client("sh op", &digest), "http.clients.name"),
         (format!("{}{}", client("shop", &digest), client("shop", &digest)), "http.clients.name"),
         (client("shop", "not-hex"), "http.clients.token_sha256"),
         (client("shop", &"0".repeat(63)), "http.clients.token_sha256"),
+        (
+            format!("[[http.clients]]\nname = \"shop\"\ntoken_sha256 = [\"{digest}\", \"x\"]"),
+            "http.clients.token_sha256",
+        ),
+        // No token: a client no one can be.
+        ("[[http.clients]]\nname = \"shop\"".to_owned(), "http.clients.token_sha256"),
+        (
+            format!(
+                "[[http.clients]]\nname = \"a\"\ntoken_sha256 = \"{digest}\"\nadopts_anonymous = true\n\
+                 [[http.clients]]\nname = \"b\"\ntoken_sha256 = \"{digest}\"\nadopts_anonymous = true"
+            ),
+            "http.clients.adopts_anonymous",
+        ),
     ] {
         let e = with(&toml).unwrap_err().to_string();
         assert!(e.contains(key), "{toml}: {e}");
