@@ -19,6 +19,10 @@ pub struct HttpConfig {
     pub intake_auth: bool,
     /// The intake's API clients (`[[http.clients]]`).
     pub clients: Vec<IntakeClientConfig>,
+    /// HTTPS on the intake listener (`[http.tls]`), with optional client certificates.
+    pub tls: ListenerTls,
+    /// HTTPS on the admin listener (`[http.admin_tls]`).
+    pub admin_tls: AdminTls,
     pub body_limit_bytes: usize,
     pub workers: usize,
     /// Most `POST /transfers` requests written in one database transaction: requests that
@@ -38,6 +42,8 @@ impl Default for HttpConfig {
             admin_token_file: String::new(),
             intake_auth: false,
             clients: Vec::new(),
+            tls: ListenerTls::default(),
+            admin_tls: AdminTls::default(),
             body_limit_bytes: 16 * 1024,
             workers: 2,
             intake_batch_max: 128,
@@ -63,6 +69,8 @@ impl HttpConfig {
         if !(1..=64).contains(&self.intake_writers) {
             return invalid("http.intake_writers", "must be between 1 and 64");
         }
+        self.tls.validate("http.tls")?;
+        self.admin_tls.listener().validate("http.admin_tls")?;
         self.validate_clients()
     }
 
@@ -96,10 +104,10 @@ impl HttpConfig {
                     format!("of client `{name}` must be SHA-256 digests of its tokens, 64 hexadecimal digits each"),
                 );
             }
-            if client.token_sha256.is_empty() {
+            if client.token_sha256.is_empty() && self.tls.client_ca_file.is_empty() {
                 return invalid(
                     "http.clients.token_sha256",
-                    format!("of client `{name}` is empty: a client needs a token"),
+                    format!("of client `{name}` is empty: without http.tls.client_ca_file a client needs a token"),
                 );
             }
         }
@@ -110,7 +118,9 @@ impl HttpConfig {
 /// One API client of the intake: its name, recorded with every transfer and order it
 /// creates and scoping its idempotency keys, and the SHA-256 of each of its bearer tokens
 /// (the tokens themselves are stored nowhere). Several digests at once let a token be
-/// rotated without a gap: add the new one, move the caller, remove the old one.
+/// rotated without a gap: add the new one, move the caller, remove the old one. A client
+/// may also be known by its TLS client certificate, whose common name or a DNS name of
+/// which is the client's `name` (with `http.tls.client_ca_file`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IntakeClientConfig {
@@ -156,4 +166,83 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<
         OneOrMany::One(one) => vec![Secret::new(one)],
         OneOrMany::Many(many) => many.into_iter().map(Secret::new).collect(),
     })
+}
+
+/// HTTPS on one listener: its certificate chain and key (PEM files, read again on SIGHUP
+/// and when they change), and on the intake, the roots that client certificates must
+/// chain to. No certificate: plain HTTP.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerTls {
+    /// PEM certificate chain, the listener's own first. Empty: plain HTTP.
+    pub cert_file: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the first certificate.
+    pub key_file: String,
+    /// PEM roots that client certificates must chain to. Empty: none asked for.
+    pub client_ca_file: String,
+    /// With `client_ca_file`: whether a client without a certificate is refused in the
+    /// handshake (`required`) or served (`optional`, and then authenticated otherwise).
+    pub client_cert: ClientCert,
+}
+
+/// Whether the intake's TLS handshake requires a client certificate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientCert {
+    #[default]
+    Optional,
+    Required,
+}
+
+impl ListenerTls {
+    /// Whether the listener serves HTTPS.
+    #[must_use]
+    pub fn enabled(&self) -> bool {
+        !self.cert_file.is_empty()
+    }
+
+    fn validate(&self, section: &'static str) -> Result<(), ConfigError> {
+        let key = |field: &str| -> &'static str {
+            match (section, field) {
+                ("http.tls", "cert_file") => "http.tls.cert_file",
+                ("http.tls", "key_file") => "http.tls.key_file",
+                ("http.tls", _) => "http.tls.client_ca_file",
+                (_, "cert_file") => "http.admin_tls.cert_file",
+                _ => "http.admin_tls.key_file",
+            }
+        };
+        if self.cert_file.is_empty() != self.key_file.is_empty() {
+            let missing = if self.cert_file.is_empty() { "cert_file" } else { "key_file" };
+            return invalid(key(missing), "must be set with the other of cert_file and key_file");
+        }
+        if !self.enabled() && !self.client_ca_file.is_empty() {
+            return invalid(key("client_ca_file"), "needs cert_file and key_file: client certificates need TLS");
+        }
+        Ok(())
+    }
+}
+
+/// HTTPS on the admin listener: its certificate chain and key (PEM files, read again on
+/// SIGHUP and when they change). No certificate: plain HTTP.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminTls {
+    /// PEM certificate chain, the listener's own first. Empty: plain HTTP.
+    pub cert_file: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the first certificate.
+    pub key_file: String,
+}
+
+impl AdminTls {
+    /// Whether the listener serves HTTPS.
+    #[must_use]
+    pub fn enabled(&self) -> bool {
+        !self.cert_file.is_empty()
+    }
+
+    /// As a listener's TLS settings, without client certificates.
+    #[must_use]
+    pub fn listener(&self) -> ListenerTls {
+        ListenerTls { cert_file: self.cert_file.clone(), key_file: self.key_file.clone(), ..ListenerTls::default() }
+    }
 }

@@ -37,7 +37,7 @@ use consumer::validate_group;
 pub use consumer::{ConsumerConfig, PipelinesConfig, RetryConfig};
 pub use database::DatabaseConfig;
 pub use example::example_toml;
-pub use http::{HttpConfig, IntakeClientConfig};
+pub use http::{AdminTls, ClientCert, HttpConfig, IntakeClientConfig, ListenerTls};
 pub use instance::{InstanceConfig, LogConfig, LogFormat};
 pub use kafka::{GroupProtocol, KafkaConfig, TopicsConfig, RECORD_OVERHEAD_BYTES};
 pub use ledger::LedgerConfig;

@@ -363,15 +363,29 @@ fn intake_clients_are_validated_by_key() {
     let client =
         |name: &str, digest: &str| format!("[[http.clients]]\nname = \"{name}\"\ntoken_sha256 = \"{digest}\"\n");
     with(&format!("[http]\nintake_auth = true\n{}", client("shop", &digest))).unwrap();
-    // Several digests (a rotation).
+    // Several digests (a rotation), or none for a client known by its certificate.
     let c = with(&format!(
-        "[http]\nintake_auth = true\n\
-         [[http.clients]]\nname = \"shop\"\ntoken_sha256 = [\"{digest}\", \"{}\"]\nadopts_anonymous = true",
+        "[http]\nintake_auth = true\n[http.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n\
+         client_ca_file = \"ca.pem\"\nclient_cert = \"required\"\n\
+         [[http.clients]]\nname = \"shop\"\ntoken_sha256 = [\"{digest}\", \"{}\"]\nadopts_anonymous = true\n\
+         [[http.clients]]\nname = \"market\"",
         "1".repeat(64)
     ))
     .unwrap();
     assert_eq!(c.http.clients[0].token_digests().map(|d| d.len()), Some(2));
     assert!(c.http.clients[0].adopts_anonymous);
+    assert_eq!(c.http.tls.client_cert, super::ClientCert::Required);
+    let shown = c.to_redacted_toml();
+    for key in [
+        "[http.tls]",
+        "cert_file = \"c.pem\"",
+        "client_ca_file = \"ca.pem\"",
+        "client_cert = \"required\"",
+        "[http.admin_tls]",
+        "adopts_anonymous = true",
+    ] {
+        assert!(shown.contains(key), "`tally config` shows {key}: {shown}");
+    }
     for (toml, key) in [
         ("[http]\nintake_auth = true".to_owned(), "http.intake_auth"),
         (client("sh op", &digest), "http.clients.name"),
@@ -382,7 +396,7 @@ fn intake_clients_are_validated_by_key() {
             format!("[[http.clients]]\nname = \"shop\"\ntoken_sha256 = [\"{digest}\", \"x\"]"),
             "http.clients.token_sha256",
         ),
-        // No token: a client no one can be.
+        // No token and no client certificates: a client no one can be.
         ("[[http.clients]]\nname = \"shop\"".to_owned(), "http.clients.token_sha256"),
         (
             format!(
@@ -391,6 +405,10 @@ fn intake_clients_are_validated_by_key() {
             ),
             "http.clients.adopts_anonymous",
         ),
+        ("[http.tls]\ncert_file = \"c.pem\"".to_owned(), "http.tls.key_file"),
+        ("[http.admin_tls]\nkey_file = \"k.pem\"".to_owned(), "http.admin_tls.cert_file"),
+        ("[http.tls]\nclient_ca_file = \"ca.pem\"".to_owned(), "http.tls.client_ca_file"),
+        ("[http.tls]\nclient_cert = \"sometimes\"".to_owned(), "client_cert"),
     ] {
         let e = with(&toml).unwrap_err().to_string();
         assert!(e.contains(key), "{toml}: {e}");

@@ -50,7 +50,7 @@ fn check(req: &HttpRequest) -> Result<Admin, ApiError> {
 /// The intake's API clients: their names, each token's SHA-256 and whose it is.
 #[derive(Debug, Clone, Default)]
 pub struct IntakeClients {
-    /// Every request must carry a client's token (`http.intake_auth`).
+    /// Every request must carry a client's token or certificate (`http.intake_auth`).
     pub required: bool,
     clients: Vec<Caller>,
     /// Each token's digest and the index of its client in `clients`.
@@ -81,11 +81,18 @@ impl IntakeClients {
         }
         found
     }
+
+    /// The client named by a verified client certificate (its common name or one of its
+    /// DNS names).
+    fn by_certificate(&self, peer: &super::tls::PeerNames) -> Option<&Caller> {
+        self.clients.iter().find(|c| peer.0.contains(&c.name))
+    }
 }
 
 /// Present in an intake handler's arguments: who asks. The API client whose token the
-/// request carried, or anonymous (an empty name), allowed only when `http.intake_auth` is
-/// off. Extracted before the body, so a refused request reads and writes nothing.
+/// request carried, or whose certificate the connection presented; or anonymous (an empty
+/// name), allowed only when `http.intake_auth` is off. Extracted before the body, so a
+/// refused request reads and writes nothing.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub name: String,
@@ -122,10 +129,13 @@ fn identify(req: &HttpRequest) -> Result<Caller, ApiError> {
                 .ok_or(ApiError::ClientUnauthorized)?,
         ),
     };
-    match by_token {
-        Some(caller) => Ok(caller.clone()),
-        None if clients.required => Err(ApiError::ClientUnauthorized),
-        None => Ok(anonymous),
+    let by_certificate = req.conn_data::<super::tls::PeerNames>().and_then(|peer| clients.by_certificate(peer));
+    match (by_token, by_certificate) {
+        // A token of one client over a connection of another: neither is believed.
+        (Some(token), Some(cert)) if token.name != cert.name => Err(ApiError::ClientUnauthorized),
+        (Some(caller), _) | (None, Some(caller)) => Ok(caller.clone()),
+        (None, None) if clients.required => Err(ApiError::ClientUnauthorized),
+        (None, None) => Ok(anonymous),
     }
 }
 

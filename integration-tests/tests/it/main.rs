@@ -13,6 +13,7 @@ mod first_run;
 mod flow;
 mod foundation;
 mod group_commit;
+mod https;
 mod ledger;
 mod money_path;
 mod noida;
