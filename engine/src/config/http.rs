@@ -246,3 +246,73 @@ impl AdminTls {
         ListenerTls { cert_file: self.cert_file.clone(), key_file: self.key_file.clone(), ..ListenerTls::default() }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::providers::{Format, Serialized, Toml};
+    use figment::Figment;
+
+    fn with(toml: &str) -> Result<Config, ConfigError> {
+        let figment = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml));
+        Config::from_figment(&figment)
+    }
+
+    #[test]
+    fn intake_clients_are_validated_by_key() {
+        let digest = "0".repeat(64);
+        let client =
+            |name: &str, digest: &str| format!("[[http.clients]]\nname = \"{name}\"\ntoken_sha256 = \"{digest}\"\n");
+        with(&format!("[http]\nintake_auth = true\n{}", client("shop", &digest))).unwrap();
+        // Several digests (a rotation), or none for a client known by its certificate.
+        let c = with(&format!(
+            "[http]\nintake_auth = true\n[http.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n\
+             client_ca_file = \"ca.pem\"\nclient_cert = \"required\"\n\
+             [[http.clients]]\nname = \"shop\"\ntoken_sha256 = [\"{digest}\", \"{}\"]\nadopts_anonymous = true\n\
+             [[http.clients]]\nname = \"market\"",
+            "1".repeat(64)
+        ))
+        .unwrap();
+        assert_eq!(c.http.clients[0].token_digests().map(|d| d.len()), Some(2));
+        assert!(c.http.clients[0].adopts_anonymous);
+        assert_eq!(c.http.tls.client_cert, ClientCert::Required);
+        let shown = c.to_redacted_toml();
+        for key in [
+            "[http.tls]",
+            "cert_file = \"c.pem\"",
+            "client_ca_file = \"ca.pem\"",
+            "client_cert = \"required\"",
+            "[http.admin_tls]",
+            "adopts_anonymous = true",
+        ] {
+            assert!(shown.contains(key), "`tally config` shows {key}: {shown}");
+        }
+        for (toml, key) in [
+            ("[http]\nintake_auth = true".to_owned(), "http.intake_auth"),
+            (client("sh op", &digest), "http.clients.name"),
+            (format!("{}{}", client("shop", &digest), client("shop", &digest)), "http.clients.name"),
+            (client("shop", "not-hex"), "http.clients.token_sha256"),
+            (client("shop", &"0".repeat(63)), "http.clients.token_sha256"),
+            (
+                format!("[[http.clients]]\nname = \"shop\"\ntoken_sha256 = [\"{digest}\", \"x\"]"),
+                "http.clients.token_sha256",
+            ),
+            // No token and no client certificates: a client no one can be.
+            ("[[http.clients]]\nname = \"shop\"".to_owned(), "http.clients.token_sha256"),
+            (
+                format!(
+                    "[[http.clients]]\nname = \"a\"\ntoken_sha256 = \"{digest}\"\nadopts_anonymous = true\n\
+                     [[http.clients]]\nname = \"b\"\ntoken_sha256 = \"{digest}\"\nadopts_anonymous = true"
+                ),
+                "http.clients.adopts_anonymous",
+            ),
+            ("[http.tls]\ncert_file = \"c.pem\"".to_owned(), "http.tls.key_file"),
+            ("[http.admin_tls]\nkey_file = \"k.pem\"".to_owned(), "http.admin_tls.cert_file"),
+            ("[http.tls]\nclient_ca_file = \"ca.pem\"".to_owned(), "http.tls.client_ca_file"),
+            ("[http.tls]\nclient_cert = \"sometimes\"".to_owned(), "client_cert"),
+        ] {
+            let e = with(&toml).unwrap_err().to_string();
+            assert!(e.contains(key), "{toml}: {e}");
+        }
+    }
+}
