@@ -113,7 +113,8 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if let Command::Status { admin: None } = &cli.command {
-        return status(&format!("http://{}", config.http.admin_addr));
+        let scheme = if config.http.admin_tls.enabled() { "https" } else { "http" };
+        return status(&format!("{scheme}://{}", config.http.admin_addr));
     }
     if let Command::Bench { scenario } = cli.command {
         return bench(&config, scenario);
@@ -217,10 +218,11 @@ fn run(config: Config) -> anyhow::Result<()> {
     let system = actix::System::new();
     let stopped = system.block_on(async move {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
+        let admin_https = config.http.admin_tls.enabled();
         let daemon = app::start(config, listeners, kafka, expected).await?;
         info!(intake = %daemon.intake_addr, admin = %daemon.admin_addr, "tally is running; stop with Ctrl-C or SIGTERM.");
         // Type=notify: READY=1 once /readyz says ready.
-        let readiness = tokio::spawn(sd_notify::ready_when_ready(daemon.admin_addr));
+        let readiness = tokio::spawn(sd_notify::ready_when_ready(daemon.admin_addr, admin_https));
         // A stage that cannot be restarted stops the daemon with an error, so that its
         // service manager restarts the process.
         let gave_up = tokio::select! {

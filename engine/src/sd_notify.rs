@@ -54,21 +54,25 @@ pub fn notify_or_warn(state: &str) {
 
 /// Waits until `GET /readyz` of the admin listener at `admin` answers 200, then sends
 /// `READY=1`. Does nothing without a service manager. The status line says what the
-/// daemon waits for meanwhile (`STATUS=`, shown by `systemctl status`).
-pub async fn ready_when_ready(admin: SocketAddr) {
+/// daemon waits for meanwhile (`STATUS=`, shown by `systemctl status`). `https`: the admin
+/// listener serves HTTPS (`http.admin_tls`); its certificate is not checked, as this asks
+/// the daemon's own socket over loopback, which its certificate does not name.
+pub async fn ready_when_ready(admin: SocketAddr, https: bool) {
     if std::env::var_os(NOTIFY_SOCKET).is_none_or(|t| t.is_empty()) {
         return;
     }
     let host = if admin.ip().is_unspecified() { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { admin.ip() };
-    let url = format!("http://{}/readyz", SocketAddr::new(host, admin.port()));
-    let client = match reqwest::Client::builder().timeout(Duration::from_secs(5)).build() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "Cannot build the readiness client; telling the service manager now.");
-            notify_or_warn("READY=1");
-            return;
-        }
-    };
+    let scheme = if https { "https" } else { "http" };
+    let url = format!("{scheme}://{}/readyz", SocketAddr::new(host, admin.port()));
+    let client =
+        match reqwest::Client::builder().timeout(Duration::from_secs(5)).danger_accept_invalid_certs(https).build() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot build the readiness client; telling the service manager now.");
+                notify_or_warn("READY=1");
+                return;
+            }
+        };
     let mut last = String::new();
     loop {
         let seen = match client.get(&url).send().await {

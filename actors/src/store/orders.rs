@@ -18,6 +18,9 @@ use super::outbox;
 pub struct OrderRequest {
     /// The authenticated API client; empty when the intake does not authenticate.
     pub client: String,
+    /// A reference also matches an anonymous request's order (with an empty `client`)
+    /// received before this client authenticated: see [`create_order`].
+    pub adopts_anonymous: bool,
     /// The business idempotency key of reception, unique per client.
     pub external_reference: String,
     pub customer_id: String,
@@ -41,7 +44,9 @@ pub enum OrderIntake {
 /// Inserts the order and its `OrderReceived` outbox row (keyed by the order id) in one
 /// transaction. `external_reference` is the idempotency key of reception: the unique
 /// constraint decides, with `ON CONFLICT DO NOTHING`, so concurrent requests with one
-/// reference create one order; the losers compare their request with the winner's.
+/// reference create one order; the losers compare their request with the winner's. A client
+/// that adopts anonymous requests and has no order of its own with the reference compares
+/// with an anonymous order that has it, and writes nothing.
 ///
 /// # Errors
 /// When the database fails; nothing is written then.
@@ -63,19 +68,36 @@ pub async fn create_order(
                 created_at: Utc::now(),
                 client: req.client.clone(),
             };
-            let inserted: Option<Order> = diesel::insert_into(orders::table)
-                .values(&row)
-                .on_conflict((orders::client, orders::external_reference))
-                .do_nothing()
-                .returning(Order::as_returning())
-                .get_result(conn)
-                .await
-                .optional()?;
+            // The client's own order first, then an anonymous one it adopts.
+            let mut adopted = None;
+            if req.adopts_anonymous && !req.client.is_empty() {
+                let holders: Vec<String> = orders::table
+                    .filter(orders::client.eq_any([req.client.as_str(), ""]))
+                    .filter(orders::external_reference.eq(&req.external_reference))
+                    .select(orders::client)
+                    .load(conn)
+                    .await?;
+                if holders.iter().any(String::is_empty) && !holders.contains(&req.client) {
+                    adopted = Some("");
+                }
+            }
+            let inserted: Option<Order> = if adopted.is_some() {
+                None
+            } else {
+                diesel::insert_into(orders::table)
+                    .values(&row)
+                    .on_conflict((orders::client, orders::external_reference))
+                    .do_nothing()
+                    .returning(Order::as_returning())
+                    .get_result(conn)
+                    .await
+                    .optional()?
+            };
             let Some(order) = inserted else {
                 // `lines` is compared by PostgreSQL as JSONB (key order, spacing and number
                 // spelling do not matter), the other fields as stored.
                 let (existing, same_lines): (Order, bool) = orders::table
-                    .filter(orders::client.eq(&req.client))
+                    .filter(orders::client.eq(adopted.unwrap_or(&req.client)))
                     .filter(orders::external_reference.eq(&req.external_reference))
                     .select((Order::as_select(), orders::lines.is_not_distinct_from(req.lines.clone())))
                     .first(conn)

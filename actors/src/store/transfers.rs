@@ -57,6 +57,9 @@ pub struct Intake {
     pub request: TransferRequest,
     /// The authenticated API client; empty when the intake does not authenticate.
     pub client: String,
+    /// The key also matches an anonymous request's transfer (with an empty `client`)
+    /// written before this client authenticated: see [`create_transfers`].
+    pub adopts_anonymous: bool,
     /// Unique per client.
     pub idempotency_key: Option<String>,
     pub traceparent: Option<String>,
@@ -69,7 +72,9 @@ pub struct Intake {
 /// An idempotency key is scoped to its client: requests of two clients never meet. Requests
 /// of one batch that share a client and key are answered as if they had come one after the
 /// other: the first is written (or replays an older transfer), the others replay it or
-/// conflict with it.
+/// conflict with it. A client that adopts anonymous requests, with no transfer of its own
+/// under a key, meets an anonymous transfer under that key as if it were its own: so a
+/// retry across the cut-over to an authenticated intake does not apply twice.
 ///
 /// # Errors
 /// When the database fails; nothing is written then.
@@ -85,12 +90,15 @@ pub async fn create_transfers(
         async move {
             let now = Utc::now();
             let rows: Vec<Transfer> = batch.iter().map(|intake| new_row(intake, now)).collect();
+            let adopted = adopted_transfers(conn, &rows, batch).await?;
             // Only the first request of each client's key is offered to the insert, in
             // (client, key) order: two batches that share keys then wait on each other in
-            // one order, never in a cycle (a deadlock).
+            // one order, never in a cycle (a deadlock). None whose key is adopted.
             let mut seen = HashSet::new();
-            let mut offered: Vec<&Transfer> =
-                rows.iter().filter(|t| scoped_key(t).is_none_or(|k| seen.insert(k))).collect();
+            let mut offered: Vec<&Transfer> = rows
+                .iter()
+                .filter(|t| scoped_key(t).is_none_or(|k| !adopted.contains_key(&owned(k)) && seen.insert(k)))
+                .collect();
             offered.sort_by(|a, b| scoped_key(a).cmp(&scoped_key(b)));
             let mut inserted: HashMap<Uuid, Transfer> = diesel::insert_into(transfers::table)
                 .values(offered)
@@ -102,7 +110,8 @@ pub async fn create_transfers(
                 .into_iter()
                 .map(|t| (t.id, t))
                 .collect();
-            let by_key = keyed_transfers(conn, rows.iter().filter(|t| !inserted.contains_key(&t.id))).await?;
+            let unwritten = rows.iter().filter(|t| !inserted.contains_key(&t.id));
+            let by_key = keyed_transfers(conn, unwritten.filter_map(scoped_key)).await?;
             let mut outcomes = Vec::with_capacity(batch.len());
             let mut events = OutboxColumns::default();
             for (row, intake) in rows.iter().zip(batch) {
@@ -114,7 +123,8 @@ pub async fn create_transfers(
                 // Not inserted: its client's key is taken, by an older transfer or by this
                 // batch's.
                 let existing = scoped_key(row)
-                    .and_then(|(client, key)| by_key.get(&(client.to_owned(), key.to_owned())))
+                    .map(owned)
+                    .and_then(|k| adopted.get(&k).or_else(|| by_key.get(&k)))
                     .ok_or(diesel::result::Error::NotFound)?;
                 outcomes.push(if intake.request.matches(existing) {
                     Created::Replayed(existing.clone())
@@ -152,17 +162,48 @@ fn scoped_key(t: &Transfer) -> Option<(&str, &str)> {
     Some((t.client.as_str(), t.idempotency_key.as_deref()?))
 }
 
-/// The transfers holding the (client, idempotency key) pairs of `rows` (committed, or
+fn owned((client, key): (&str, &str)) -> (String, String) {
+    (client.to_owned(), key.to_owned())
+}
+
+/// The anonymous transfers that the rows of adopting clients meet, by the rows' (client,
+/// key): those holding a row's key in the anonymous scope when the row's client holds no
+/// transfer under it.
+async fn adopted_transfers(
+    conn: &mut AsyncPgConnection,
+    rows: &[Transfer],
+    batch: &[Intake],
+) -> Result<HashMap<(String, String), Transfer>, diesel::result::Error> {
+    let adopting: Vec<(&str, &str)> = rows
+        .iter()
+        .zip(batch)
+        .filter(|(t, intake)| intake.adopts_anonymous && !t.client.is_empty())
+        .filter_map(|(t, _)| scoped_key(t))
+        .collect();
+    if adopting.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let anonymous = adopting.iter().map(|(_, key)| ("", *key));
+    let found = keyed_transfers(conn, adopting.iter().copied().chain(anonymous)).await?;
+    Ok(adopting
+        .into_iter()
+        .filter(|k| !found.contains_key(&owned(*k)))
+        .filter_map(|(client, key)| Some(((client.to_owned(), key.to_owned()), found.get(&owned(("", key)))?.clone())))
+        .collect())
+}
+
+/// The transfers holding the (client, idempotency key) pairs `wanted` (committed, or
 /// written by this transaction), by pair.
 async fn keyed_transfers<'r>(
     conn: &mut AsyncPgConnection,
-    rows: impl Iterator<Item = &'r Transfer>,
+    wanted: impl Iterator<Item = (&'r str, &'r str)>,
 ) -> Result<HashMap<(String, String), Transfer>, diesel::result::Error> {
-    let (clients, keys): (Vec<&str>, Vec<&str>) = rows.filter_map(scoped_key).unzip();
-    if keys.is_empty() {
+    let wanted: HashSet<(&str, &str)> = wanted.collect();
+    if wanted.is_empty() {
         return Ok(HashMap::new());
     }
-    let wanted: HashSet<(&str, &str)> = clients.iter().copied().zip(keys.iter().copied()).collect();
+    let clients: Vec<&str> = wanted.iter().map(|(c, _)| *c).collect();
+    let keys: Vec<&str> = wanted.iter().map(|(_, k)| *k).collect();
     let found: Vec<Transfer> = transfers::table
         .filter(transfers::idempotency_key.eq_any(&keys))
         .filter(transfers::client.eq_any(&clients))

@@ -19,7 +19,17 @@ impl Config {
             &mut self.notifications.webhook_secret,
         )?;
         for client in &mut self.http.clients {
-            read_into("http.clients.token_sha256_file", &client.token_sha256_file, &mut client.token_sha256)?;
+            let (key, path) = ("http.clients.token_sha256_file", &client.token_sha256_file);
+            if path.is_empty() {
+                continue;
+            }
+            if !client.token_sha256.is_empty() {
+                return invalid(key, "is set, and so is http.clients.token_sha256: set one of them");
+            }
+            // One digest a line: several while a token is rotated.
+            let digests = read(key, path)?;
+            client.token_sha256 =
+                digests.expose().lines().map(str::trim).filter(|l| !l.is_empty()).map(Secret::new).collect();
         }
         let kafka = &mut self.kafka;
         if !kafka.sasl_password_file.is_empty() {

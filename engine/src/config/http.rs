@@ -19,6 +19,10 @@ pub struct HttpConfig {
     pub intake_auth: bool,
     /// The intake's API clients (`[[http.clients]]`).
     pub clients: Vec<IntakeClientConfig>,
+    /// HTTPS on the intake listener (`[http.tls]`), with optional client certificates.
+    pub tls: ListenerTls,
+    /// HTTPS on the admin listener (`[http.admin_tls]`).
+    pub admin_tls: AdminTls,
     pub body_limit_bytes: usize,
     pub workers: usize,
     /// Most `POST /transfers` requests written in one database transaction: requests that
@@ -38,6 +42,8 @@ impl Default for HttpConfig {
             admin_token_file: String::new(),
             intake_auth: false,
             clients: Vec::new(),
+            tls: ListenerTls::default(),
+            admin_tls: AdminTls::default(),
             body_limit_bytes: 16 * 1024,
             workers: 2,
             intake_batch_max: 128,
@@ -63,12 +69,20 @@ impl HttpConfig {
         if !(1..=64).contains(&self.intake_writers) {
             return invalid("http.intake_writers", "must be between 1 and 64");
         }
+        self.tls.validate("http.tls")?;
+        self.admin_tls.listener().validate("http.admin_tls")?;
         self.validate_clients()
     }
 
     fn validate_clients(&self) -> Result<(), ConfigError> {
         if self.intake_auth && self.clients.is_empty() {
             return invalid("http.intake_auth", "is on, and http.clients names no API client");
+        }
+        if self.clients.iter().filter(|c| c.adopts_anonymous).count() > 1 {
+            return invalid(
+                "http.clients.adopts_anonymous",
+                "is set on more than one client: anonymous requests were one caller's",
+            );
         }
         let mut names = std::collections::HashSet::new();
         for client in &self.clients {
@@ -84,10 +98,16 @@ impl HttpConfig {
             if !names.insert(name) {
                 return invalid("http.clients.name", format!("`{name}` names two clients"));
             }
-            if client.token_digest().is_none() {
+            if client.token_digests().is_none() {
                 return invalid(
                     "http.clients.token_sha256",
-                    format!("of client `{name}` must be the SHA-256 of its token, 64 hexadecimal digits"),
+                    format!("of client `{name}` must be SHA-256 digests of its tokens, 64 hexadecimal digits each"),
+                );
+            }
+            if client.token_sha256.is_empty() && self.tls.client_ca_file.is_empty() {
+                return invalid(
+                    "http.clients.token_sha256",
+                    format!("of client `{name}` is empty: without http.tls.client_ca_file a client needs a token"),
                 );
             }
         }
@@ -96,24 +116,203 @@ impl HttpConfig {
 }
 
 /// One API client of the intake: its name, recorded with every transfer and order it
-/// creates, and the SHA-256 of its bearer token (the token itself is stored nowhere).
+/// creates and scoping its idempotency keys, and the SHA-256 of each of its bearer tokens
+/// (the tokens themselves are stored nowhere). Several digests at once let a token be
+/// rotated without a gap: add the new one, move the caller, remove the old one. A client
+/// may also be known by its TLS client certificate, whose common name or a DNS name of
+/// which is the client's `name` (with `http.tls.client_ca_file`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IntakeClientConfig {
     pub name: String,
     /// Hexadecimal SHA-256 of the client's bearer token, e.g. from
-    /// `printf %s "$TOKEN" | sha256sum`.
-    pub token_sha256: Secret,
-    /// A file holding `token_sha256` (a mounted secret).
+    /// `printf %s "$TOKEN" | sha256sum`: one, or a list of them.
+    #[serde(deserialize_with = "one_or_many")]
+    pub token_sha256: Vec<Secret>,
+    /// A file holding `token_sha256`, one digest a line (a mounted secret).
     pub token_sha256_file: String,
+    /// Requests of this client also replay the transfers and orders that anonymous
+    /// requests made with the same `Idempotency-Key` or `externalReference`: turn it on
+    /// for the caller that sent anonymous requests before `intake_auth` was turned on, so
+    /// that its retries across the cut-over do not apply twice.
+    pub adopts_anonymous: bool,
 }
 
 impl IntakeClientConfig {
-    /// The token's SHA-256, when `token_sha256` is 64 hexadecimal digits.
+    /// The SHA-256 of each token, when every `token_sha256` is 64 hexadecimal digits.
     #[must_use]
-    pub fn token_digest(&self) -> Option<[u8; 32]> {
-        let mut digest = [0u8; 32];
-        hex::decode_to_slice(self.token_sha256.expose().trim(), &mut digest).ok()?;
-        Some(digest)
+    pub fn token_digests(&self) -> Option<Vec<[u8; 32]>> {
+        self.token_sha256
+            .iter()
+            .map(|hex_digest| {
+                let mut digest = [0u8; 32];
+                hex::decode_to_slice(hex_digest.expose().trim(), &mut digest).ok()?;
+                Some(digest)
+            })
+            .collect()
+    }
+}
+
+/// A string or a list of strings, as secrets.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<Secret>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(deserializer)? {
+        OneOrMany::One(one) if one.is_empty() => Vec::new(),
+        OneOrMany::One(one) => vec![Secret::new(one)],
+        OneOrMany::Many(many) => many.into_iter().map(Secret::new).collect(),
+    })
+}
+
+/// HTTPS on one listener: its certificate chain and key (PEM files, read again on SIGHUP
+/// and when they change), and on the intake, the roots that client certificates must
+/// chain to. No certificate: plain HTTP.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerTls {
+    /// PEM certificate chain, the listener's own first. Empty: plain HTTP.
+    pub cert_file: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the first certificate.
+    pub key_file: String,
+    /// PEM roots that client certificates must chain to. Empty: none asked for.
+    pub client_ca_file: String,
+    /// With `client_ca_file`: whether a client without a certificate is refused in the
+    /// handshake (`required`) or served (`optional`, and then authenticated otherwise).
+    pub client_cert: ClientCert,
+}
+
+/// Whether the intake's TLS handshake requires a client certificate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientCert {
+    #[default]
+    Optional,
+    Required,
+}
+
+impl ListenerTls {
+    /// Whether the listener serves HTTPS.
+    #[must_use]
+    pub fn enabled(&self) -> bool {
+        !self.cert_file.is_empty()
+    }
+
+    fn validate(&self, section: &'static str) -> Result<(), ConfigError> {
+        let key = |field: &str| -> &'static str {
+            match (section, field) {
+                ("http.tls", "cert_file") => "http.tls.cert_file",
+                ("http.tls", "key_file") => "http.tls.key_file",
+                ("http.tls", _) => "http.tls.client_ca_file",
+                (_, "cert_file") => "http.admin_tls.cert_file",
+                _ => "http.admin_tls.key_file",
+            }
+        };
+        if self.cert_file.is_empty() != self.key_file.is_empty() {
+            let missing = if self.cert_file.is_empty() { "cert_file" } else { "key_file" };
+            return invalid(key(missing), "must be set with the other of cert_file and key_file");
+        }
+        if !self.enabled() && !self.client_ca_file.is_empty() {
+            return invalid(key("client_ca_file"), "needs cert_file and key_file: client certificates need TLS");
+        }
+        Ok(())
+    }
+}
+
+/// HTTPS on the admin listener: its certificate chain and key (PEM files, read again on
+/// SIGHUP and when they change). No certificate: plain HTTP.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminTls {
+    /// PEM certificate chain, the listener's own first. Empty: plain HTTP.
+    pub cert_file: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the first certificate.
+    pub key_file: String,
+}
+
+impl AdminTls {
+    /// Whether the listener serves HTTPS.
+    #[must_use]
+    pub fn enabled(&self) -> bool {
+        !self.cert_file.is_empty()
+    }
+
+    /// As a listener's TLS settings, without client certificates.
+    #[must_use]
+    pub fn listener(&self) -> ListenerTls {
+        ListenerTls { cert_file: self.cert_file.clone(), key_file: self.key_file.clone(), ..ListenerTls::default() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::providers::{Format, Serialized, Toml};
+    use figment::Figment;
+
+    fn with(toml: &str) -> Result<Config, ConfigError> {
+        let figment = Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml));
+        Config::from_figment(&figment)
+    }
+
+    #[test]
+    fn intake_clients_are_validated_by_key() {
+        let digest = "0".repeat(64);
+        let client =
+            |name: &str, digest: &str| format!("[[http.clients]]\nname = \"{name}\"\ntoken_sha256 = \"{digest}\"\n");
+        with(&format!("[http]\nintake_auth = true\n{}", client("shop", &digest))).unwrap();
+        // Several digests (a rotation), or none for a client known by its certificate.
+        let c = with(&format!(
+            "[http]\nintake_auth = true\n[http.tls]\ncert_file = \"c.pem\"\nkey_file = \"k.pem\"\n\
+             client_ca_file = \"ca.pem\"\nclient_cert = \"required\"\n\
+             [[http.clients]]\nname = \"shop\"\ntoken_sha256 = [\"{digest}\", \"{}\"]\nadopts_anonymous = true\n\
+             [[http.clients]]\nname = \"market\"",
+            "1".repeat(64)
+        ))
+        .unwrap();
+        assert_eq!(c.http.clients[0].token_digests().map(|d| d.len()), Some(2));
+        assert!(c.http.clients[0].adopts_anonymous);
+        assert_eq!(c.http.tls.client_cert, ClientCert::Required);
+        let shown = c.to_redacted_toml();
+        for key in [
+            "[http.tls]",
+            "cert_file = \"c.pem\"",
+            "client_ca_file = \"ca.pem\"",
+            "client_cert = \"required\"",
+            "[http.admin_tls]",
+            "adopts_anonymous = true",
+        ] {
+            assert!(shown.contains(key), "`tally config` shows {key}: {shown}");
+        }
+        for (toml, key) in [
+            ("[http]\nintake_auth = true".to_owned(), "http.intake_auth"),
+            (client("sh op", &digest), "http.clients.name"),
+            (format!("{}{}", client("shop", &digest), client("shop", &digest)), "http.clients.name"),
+            (client("shop", "not-hex"), "http.clients.token_sha256"),
+            (client("shop", &"0".repeat(63)), "http.clients.token_sha256"),
+            (
+                format!("[[http.clients]]\nname = \"shop\"\ntoken_sha256 = [\"{digest}\", \"x\"]"),
+                "http.clients.token_sha256",
+            ),
+            // No token and no client certificates: a client no one can be.
+            ("[[http.clients]]\nname = \"shop\"".to_owned(), "http.clients.token_sha256"),
+            (
+                format!(
+                    "[[http.clients]]\nname = \"a\"\ntoken_sha256 = \"{digest}\"\nadopts_anonymous = true\n\
+                     [[http.clients]]\nname = \"b\"\ntoken_sha256 = \"{digest}\"\nadopts_anonymous = true"
+                ),
+                "http.clients.adopts_anonymous",
+            ),
+            ("[http.tls]\ncert_file = \"c.pem\"".to_owned(), "http.tls.key_file"),
+            ("[http.admin_tls]\nkey_file = \"k.pem\"".to_owned(), "http.admin_tls.cert_file"),
+            ("[http.tls]\nclient_ca_file = \"ca.pem\"".to_owned(), "http.tls.client_ca_file"),
+            ("[http.tls]\nclient_cert = \"sometimes\"".to_owned(), "client_cert"),
+        ] {
+            let e = with(&toml).unwrap_err().to_string();
+            assert!(e.contains(key), "{toml}: {e}");
+        }
     }
 }

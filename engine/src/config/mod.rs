@@ -40,7 +40,7 @@ pub use antifraud::AntifraudConfig;
 pub use consumer::ConsumerConfig;
 pub use database::DatabaseConfig;
 pub use example::example_toml;
-pub use http::{HttpConfig, IntakeClientConfig};
+pub use http::{AdminTls, ClientCert, HttpConfig, IntakeClientConfig, ListenerTls};
 pub use instance::{InstanceConfig, LogConfig, LogFormat};
 pub use kafka::{GroupProtocol, KafkaConfig, RECORD_OVERHEAD_BYTES};
 pub use ledger::LedgerConfig;

@@ -47,41 +47,58 @@ fn check(req: &HttpRequest) -> Result<Admin, ApiError> {
     }
 }
 
-/// The intake's API clients: each token's SHA-256 and the client's name.
+/// The intake's API clients: their names, each token's SHA-256 and whose it is.
 #[derive(Debug, Clone, Default)]
 pub struct IntakeClients {
-    /// Every request must carry a client's token (`http.intake_auth`).
+    /// Every request must carry a client's token or certificate (`http.intake_auth`).
     pub required: bool,
-    digests: Vec<([u8; 32], String)>,
+    clients: Vec<Caller>,
+    /// Each token's digest and the index of its client in `clients`.
+    digests: Vec<([u8; 32], usize)>,
 }
 
 impl IntakeClients {
     #[must_use]
     pub fn new(config: &crate::config::HttpConfig) -> Self {
-        let digests = config.clients.iter().filter_map(|c| Some((c.token_digest()?, c.name.clone()))).collect();
-        Self { required: config.intake_auth, digests }
+        let mut clients = Vec::new();
+        let mut digests = Vec::new();
+        for (index, client) in config.clients.iter().enumerate() {
+            clients.push(Caller { name: client.name.clone(), adopts_anonymous: client.adopts_anonymous });
+            digests.extend(client.token_digests().unwrap_or_default().into_iter().map(|d| (d, index)));
+        }
+        Self { required: config.intake_auth, clients, digests }
     }
 
     /// The client whose token is `token`. Every digest is compared, in constant time, so
     /// that the time taken tells nothing of which client came close.
-    fn identify(&self, token: &str) -> Option<&str> {
+    fn by_token(&self, token: &str) -> Option<&Caller> {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
-        for (digest, name) in &self.digests {
+        for (digest, index) in &self.digests {
             if bool::from(presented.ct_eq(digest)) {
-                found = Some(name.as_str());
+                found = self.clients.get(*index);
             }
         }
         found
     }
+
+    /// The client named by a verified client certificate (its common name or one of its
+    /// DNS names).
+    fn by_certificate(&self, peer: &super::tls::PeerNames) -> Option<&Caller> {
+        self.clients.iter().find(|c| peer.0.contains(&c.name))
+    }
 }
 
-/// Present in an intake handler's arguments: who asks. The name of the API client whose
-/// token the request carried, or empty for an anonymous request (allowed only when
-/// `http.intake_auth` is off). Extracted before the body, so a refused request reads and
-/// writes nothing.
-#[derive(Debug)]
-pub struct Caller(pub String);
+/// Present in an intake handler's arguments: who asks. The API client whose token the
+/// request carried, or whose certificate the connection presented; or anonymous (an empty
+/// name), allowed only when `http.intake_auth` is off. Extracted before the body, so a
+/// refused request reads and writes nothing.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub name: String,
+    /// Its idempotency keys also match those of anonymous requests (`adopts_anonymous`).
+    pub adopts_anonymous: bool,
+}
 
 impl FromRequest for Caller {
     type Error = ApiError;
@@ -96,28 +113,39 @@ fn identify(req: &HttpRequest) -> Result<Caller, ApiError> {
     let state =
         req.app_data::<web::Data<AppState>>().ok_or_else(|| ApiError::Internal("intake state missing".into()))?;
     let clients = &state.clients;
-    match req.headers().get(actix_web::http::header::AUTHORIZATION) {
-        // No clients configured: the intake does not authenticate at all.
-        _ if clients.digests.is_empty() && !clients.required => Ok(Caller(String::new())),
-        None if !clients.required => Ok(Caller(String::new())),
-        None => Err(ApiError::ClientUnauthorized),
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .and_then(|token| clients.identify(token))
-            .map(|name| Caller(name.to_owned()))
-            .ok_or(ApiError::ClientUnauthorized),
+    let anonymous = Caller { name: String::new(), adopts_anonymous: false };
+    // No clients configured: the intake does not authenticate at all.
+    if clients.clients.is_empty() && !clients.required {
+        return Ok(anonymous);
+    }
+    let by_token = match req.headers().get(actix_web::http::header::AUTHORIZATION) {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .and_then(|token| clients.by_token(token))
+                .ok_or(ApiError::ClientUnauthorized)?,
+        ),
+    };
+    let by_certificate = req.conn_data::<super::tls::PeerNames>().and_then(|peer| clients.by_certificate(peer));
+    match (by_token, by_certificate) {
+        // A token of one client over a connection of another: neither is believed.
+        (Some(token), Some(cert)) if token.name != cert.name => Err(ApiError::ClientUnauthorized),
+        (Some(caller), _) | (None, Some(caller)) => Ok(caller.clone()),
+        (None, None) if clients.required => Err(ApiError::ClientUnauthorized),
+        (None, None) => Ok(anonymous),
     }
 }
 
 impl Caller {
     /// Whether this caller may see a record created by `client`: each caller sees its own
     /// records only, and an anonymous caller (no token, with `intake_auth` off) those made
-    /// without one. (Seeing every record, it could read any client's transfers by the ids
-    /// that `GET /accounts/{id}` lists.)
+    /// without one; so does a client that adopts anonymous requests. (Seeing every record,
+    /// it could read any client's transfers by the ids that `GET /accounts/{id}` lists.)
     #[must_use]
     pub fn may_see(&self, client: &str) -> bool {
-        self.0 == client
+        self.name == client || (self.adopts_anonymous && client.is_empty())
     }
 }

@@ -167,7 +167,13 @@ async fn accept_transfer(
     let request = body.into_inner().validate(state.max_balance_cents)?;
     let created = state
         .intake
-        .submit(Intake { request, client: caller.0, idempotency_key: key, traceparent: Some(traceparent) })
+        .submit(Intake {
+            request,
+            client: caller.name,
+            adopts_anonymous: caller.adopts_anonymous,
+            idempotency_key: key,
+            traceparent: Some(traceparent),
+        })
         .await
         .map_err(|e| e.answer)?;
     let answer = |outcome, mut response: actix_web::HttpResponseBuilder, t: Transfer| {

@@ -11,6 +11,7 @@ pub mod error;
 pub mod intake;
 pub mod openapi;
 pub mod orders;
+pub mod tls;
 mod transfer_list;
 
 use std::net::SocketAddr;
@@ -141,7 +142,11 @@ pub fn intake_server(
     .workers(config.workers)
     .disable_signals()
     .shutdown_timeout(10)
-    .listen(listener)?;
+    .on_connect(tls::peer_names);
+    let server = match tls::server_tls(&config.tls, "http.tls")? {
+        Some(tls) => server.listen_rustls_0_23(listener, tls)?,
+        None => server.listen(listener)?,
+    };
     let addr = first_addr(&server.addrs(), config.intake_addr);
     Ok(Bound { server: server.run(), addr })
 }
@@ -171,8 +176,11 @@ pub fn admin_server(
     })
     .workers(1)
     .disable_signals()
-    .shutdown_timeout(5)
-    .listen(listener)?;
+    .shutdown_timeout(5);
+    let server = match tls::server_tls(&config.admin_tls.listener(), "http.admin_tls")? {
+        Some(tls) => server.listen_rustls_0_23(listener, tls)?,
+        None => server.listen(listener)?,
+    };
     let addr = first_addr(&server.addrs(), config.admin_addr);
     Ok(Bound { server: server.run(), addr })
 }

@@ -62,6 +62,7 @@ impl CreateOrderBody {
         };
         Ok(OrderRequest {
             client,
+            adopts_anonymous: false,
             external_reference,
             customer_id,
             amount_cents,
@@ -104,7 +105,8 @@ impl From<Order> for OrderView {
 
 /// `POST /orders`: 201 with the order and its `OrderReceived` queued in the outbox; a
 /// repeat of the same request with the same `externalReference` answers 200 with the
-/// existing order, a different request 409 (references are scoped per API client).
+/// existing order, a different request 409 (references are scoped per API client, and a
+/// client that adopts anonymous requests also meets theirs).
 /// Nothing is written unless 201.
 #[utoipa::path(post, path = "/orders", tag = "intake", request_body = CreateOrderBody,
     responses((status = 201, description = "Received; `OrderReceived` queued.", body = OrderView),
@@ -117,7 +119,8 @@ pub async fn create_order(
     req: HttpRequest,
     body: web::Json<CreateOrderBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = body.into_inner().validate(caller.0)?;
+    let mut request = body.into_inner().validate(caller.name)?;
+    request.adopts_anonymous = caller.adopts_anonymous;
     let traceparent = super::traceparent(&req);
     let mut conn = state.pool.get().await?;
     let intake = orders::create_order(&mut conn, &request, &state.topics.orders_received, Some(traceparent)).await?;

@@ -14,6 +14,7 @@ mod dlt_admin;
 mod docs;
 mod flow;
 mod group_commit;
+mod https;
 mod intake;
 mod kafka_tls;
 mod ledger;

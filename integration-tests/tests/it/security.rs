@@ -112,12 +112,18 @@ async fn a_certificate_that_fails_the_check_is_refused() {
     assert!(e.to_lowercase().contains("unknown issuer") || e.contains("UnknownIssuer"), "a foreign root: {e}");
 }
 
+/// The hexadecimal SHA-256 of `token`, as `token_sha256` holds it.
+fn digest(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// An API client as an operator writes it in `[[http.clients]]`.
+fn client_from(config: Value) -> IntakeClientConfig {
+    serde_json::from_value(config.clone()).unwrap_or_else(|e| panic!("client configuration {config}: {e}"))
+}
+
 fn client(name: &str, token: &str) -> IntakeClientConfig {
-    IntakeClientConfig {
-        name: name.into(),
-        token_sha256: Secret::new(hex::encode(Sha256::digest(token.as_bytes()))),
-        token_sha256_file: String::new(),
-    }
+    client_from(json!({ "name": name, "token_sha256": digest(token) }))
 }
 
 async fn post_as(app: &TestApp, token: Option<&str>, key: &str, body: &Value) -> reqwest::Response {
@@ -227,4 +233,97 @@ async fn idempotency_keys_are_scoped_per_client() {
         assert_eq!(res.status(), StatusCode::CREATED, "{token}");
     }
     assert_eq!(env.db.count("orders").await, 2);
+}
+
+// Broker: embedded mock cluster (publisher off). Three daemons one after another on one
+// database: before, during and after the rotation of the shop's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_across_a_token_rotation_replays_the_original_transfer() {
+    let env = TestEnv::new().await;
+    let with_clients = |clients: Vec<IntakeClientConfig>| {
+        move |c: &mut tally_engine::config::Config| {
+            c.pipelines.set("outbox", false);
+            c.http.intake_auth = true;
+            c.http.clients = clients;
+        }
+    };
+    let before = env.spawn(with_clients(vec![client("shop", "old-token")])).await;
+    let res = post_as(&before, Some("old-token"), "rotating", &transfer(100)).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let original = json_body(res).await;
+    before.stop().await;
+
+    // The overlap: both tokens are the shop's while its callers move to the new one.
+    let both = client_from(json!({ "name": "shop", "token_sha256": [digest("old-token"), digest("new-token")] }));
+    let during = env.spawn(with_clients(vec![both])).await;
+    for token in ["new-token", "old-token"] {
+        let res = post_as(&during, Some(token), "rotating", &transfer(100)).await;
+        assert_eq!(res.status(), StatusCode::OK, "a retry with the {token} replays");
+        assert_eq!(json_body(res).await, original, "a retry with the {token}");
+    }
+    during.stop().await;
+
+    let after = env.spawn(with_clients(vec![client("shop", "new-token")])).await;
+    let res = post_as(&after, Some("old-token"), "rotating", &transfer(100)).await;
+    assert_error(res, StatusCode::UNAUTHORIZED, "unauthorized", "the retired token").await;
+    let res = post_as(&after, Some("new-token"), "rotating", &transfer(100)).await;
+    assert_eq!(res.status(), StatusCode::OK, "a retry after the rotation replays");
+    assert_eq!(json_body(res).await, original);
+    assert_eq!(env.db.count("transfers").await, 1, "one transfer across the rotation");
+    assert_eq!(env.db.count("outbox_events").await, 1);
+}
+
+// Broker: embedded mock cluster (publisher off). A daemon without authentication, then
+// one with it, on one database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_across_the_cut_over_to_an_authenticated_intake_replays_the_anonymous_transfer() {
+    let env = TestEnv::new().await;
+    let before = env.spawn(|c| c.pipelines.set("outbox", false)).await;
+    let res = post_as(&before, None, "cut-over", &transfer(100)).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let original = json_body(res).await;
+    assert_eq!(original["client"], Value::Null);
+    let order = json!({ "externalReference": "EXT-9", "customerId": "C-1", "amountCents": 10, "currency": "BRL" });
+    let res = app_order(&before, None, &order).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let original_order = json_body(res).await;
+    before.stop().await;
+
+    let after = env
+        .spawn(|c| {
+            c.pipelines.set("outbox", false);
+            c.http.intake_auth = true;
+            c.http.clients = vec![
+                client_from(json!({ "name": "shop", "token_sha256": digest("shop-token"), "adopts_anonymous": true })),
+                client("market", "market-token"),
+            ];
+        })
+        .await;
+    // The shop, which sent the anonymous requests, retries them with its token.
+    let res = post_as(&after, Some("shop-token"), "cut-over", &transfer(100)).await;
+    assert_eq!(res.status(), StatusCode::OK, "the retry replays the anonymous transfer");
+    assert_eq!(json_body(res).await, original);
+    let res = post_as(&after, Some("shop-token"), "cut-over", &transfer(999)).await;
+    assert_error(res, StatusCode::CONFLICT, "idempotency_key_conflict", "the key with another amount").await;
+    let id = original["id"].as_str().expect("an id");
+    let shown =
+        after.send(after.client.get(format!("{}/transfers/{id}", after.intake_url)).bearer_auth("shop-token")).await;
+    assert_eq!(shown.status(), StatusCode::OK, "the adopting client sees the anonymous transfer");
+    let res = app_order(&after, Some("shop-token"), &order).await;
+    assert_eq!(res.status(), StatusCode::OK, "the order's retry replays the anonymous order");
+    assert_eq!(json_body(res).await["id"], original_order["id"]);
+    // Adoption is explicit: another client's key is its own.
+    let res = post_as(&after, Some("market-token"), "cut-over", &transfer(100)).await;
+    assert_eq!(res.status(), StatusCode::CREATED, "a client that does not adopt has its own scope");
+    assert_eq!(json_body(res).await["client"], "market");
+    assert_eq!(env.db.count("transfers").await, 2, "the anonymous transfer and the market's");
+    assert_eq!(env.db.count("orders").await, 1);
+}
+
+async fn app_order(app: &TestApp, token: Option<&str>, order: &Value) -> reqwest::Response {
+    let mut request = app.client.post(format!("{}/orders", app.intake_url)).json(order);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    app.send(request).await
 }
