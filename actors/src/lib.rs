@@ -4,7 +4,7 @@
 //! mailbox shells; the logic lives in plain structs beside them so that it is tested
 //! without an actix `System`.
 //!
-//! Also every SQL statement ([`store`]), every Kafka client's settings ([`kafka`]), the
+//! Also every SQL statement ([`store`]), every Kafka client's settings ([`kafka_clients`]), the
 //! dead-letter topics ([`dlt`]), the one backoff curve ([`backoff`]) and the hop spans of
 //! distributed traces ([`trace`]).
 //!
