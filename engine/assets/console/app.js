@@ -601,6 +601,10 @@ function syncReplayButton() {
 }
 
 async function loadReplayLog() {
+  if (!state.token) {
+    fill($("replay-log"), el("h3", {}, "Replay log"), el("p", { class: "hint" }, "The replay log shows record keys: give the admin token first."));
+    return;
+  }
   const body = await api("/admin/replays?limit=20");
   fill($("replay-log"),
     el("h3", {}, "Replay log"),

@@ -37,13 +37,22 @@ pub(super) struct LogQuery {
     limit: Option<i64>,
 }
 
-/// `GET /admin/replays` (open): `{replays: [{id, source, sourcePartition, sourceOffset,
+/// `GET /admin/replays` (admin token: it shows record keys): `{replays: [{id, source, sourcePartition, sourceOffset,
 /// originalTopic, originalPartition, replayedOffset, key, replayedAt}], next}`.
-#[utoipa::path(get, path = "/admin/replays", tag = "admin", params(LogQuery),
+#[utoipa::path(get, path = "/admin/replays", tag = "admin", params(LogQuery), security(("admin" = [])),
     responses((status = 200, description = "`{replays, next}`, newest first.", body = Object),
         (status = 400, description = "A parameter is malformed.", body = ErrorBody)))]
-pub(super) async fn list(state: web::Data<AppState>, query: web::Query<LogQuery>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn list(
+    _: super::auth::Admin,
+    state: web::Data<AppState>,
+    query: web::Query<LogQuery>,
+) -> Result<HttpResponse, ApiError> {
     let q = query.into_inner();
+    if q.source.as_deref().is_some_and(|s| s.contains('\0')) {
+        return Err(ApiError::BadRequest(
+            "The parameter source holds a NUL character, which no topic name has.".into(),
+        ));
+    }
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(ApiError::BadRequest(format!("The limit must be a whole number from 1 to {MAX_LIMIT}.")));

@@ -57,6 +57,13 @@ fn parse(params: &HashMap<String, String>) -> Result<ListQuery, ApiError> {
         Some(s) if STATUSES.contains(&s.as_str()) => Some(s),
         Some(s) => return bad(format!("The status must be PENDING, SETTLED or REJECTED, not \"{s}\".")),
     };
+    // Empty account and status are the console's blank search fields; an empty limit or
+    // cursor is a malformed request.
+    for name in ["limit", "before"] {
+        if params.get(name).is_some_and(|v| v.trim().is_empty()) {
+            return bad(format!("The parameter {name} is empty: leave it out or give it a value."));
+        }
+    }
     let limit = match value("limit") {
         None => DEFAULT_LIMIT,
         Some(l) => match l.parse::<usize>() {
@@ -100,6 +107,16 @@ pub(super) async fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_cursor_or_limit_is_refused_and_empty_filters_are_absent() {
+        for name in ["before", "limit"] {
+            let e = query(&[(name, "")]).unwrap_err();
+            assert!(e.contains(name) && e.contains("empty"), "{e}");
+        }
+        let q = query(&[("account", ""), ("status", " ")]).unwrap();
+        assert_eq!((q.filter.account, q.filter.status, q.limit), (None, None, DEFAULT_LIMIT));
+    }
 
     fn query(pairs: &[(&str, &str)]) -> Result<ListQuery, String> {
         let params = pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();

@@ -384,7 +384,9 @@ async fn a_dlt_topic_record_replayed_once_is_logged_and_a_second_replay_is_warne
     let selection = json!({ "partition": partition, "fromOffset": offset, "toOffset": offset });
     let replay = format!("/admin/dlt/{DLT}/replay");
 
-    assert_eq!(admin(&app, "/admin/replays", None).await, (200, json!({ "replays": [], "next": null })));
+    assert_eq!(admin(&app, "/admin/replays", None).await.0, 401, "the log shows record keys");
+    assert_eq!(admin(&app, "/admin/replays?source=%00", Some(TOKEN)).await.0, 400);
+    assert_eq!(admin(&app, "/admin/replays", Some(TOKEN)).await, (200, json!({ "replays": [], "next": null })));
     let (status, plan) = admin_post(&app, &format!("{replay}?dryRun=true"), &selection).await;
     assert_eq!(status, 200, "{plan}");
     assert_eq!((plan["alreadyReplayed"].as_i64(), plan["replayLog"].as_str()), (Some(0), Some("ok")), "{plan}");
@@ -392,7 +394,7 @@ async fn a_dlt_topic_record_replayed_once_is_logged_and_a_second_replay_is_warne
     assert_eq!((status, done["replayed"].as_i64(), done["logged"].as_bool()), (200, Some(1), Some(true)), "{done}");
     let landed = done["records"][0]["replayedOffset"].clone();
 
-    let (_, log) = admin(&app, "/admin/replays", None).await;
+    let (_, log) = admin(&app, "/admin/replays", Some(TOKEN)).await;
     let entries = log["replays"].as_array().expect("the log");
     assert_eq!(entries.len(), 1, "{log}");
     let e = &entries[0];
@@ -415,7 +417,7 @@ async fn a_dlt_topic_record_replayed_once_is_logged_and_a_second_replay_is_warne
     .await;
     assert_eq!(page["records"][0]["replayedBefore"]["times"], 1, "{page}");
     assert_eq!(page["records"][1]["replayedBefore"], Value::Null, "{page}");
-    assert_eq!(admin(&app, "/admin/replays?limit=0", None).await.0, 400);
+    assert_eq!(admin(&app, "/admin/replays?limit=0", Some(TOKEN)).await.0, 400);
 
     let Some(browser) = Browser::start().await else { return };
     browser.goto(&format!("{}/#/dlt/{DLT}", app.admin_url)).await;
