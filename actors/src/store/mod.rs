@@ -18,6 +18,7 @@
 //! | `heartbeats.rs` | `heartbeats` (the dependency probe of each stage) |
 //! | `lookup.rs` | all of them, read-only: one transfer's story, for the operator console |
 //! | `invariants.rs` | all of them, read-only: the ledger invariants |
+//! | `idempotency.rs` | none: advisory locks that order requests whose key scopes meet across clients |
 //! | `group_commit.rs` | none of its own: batches the writes of many callers into one transaction |
 //! | `connect.rs`, `tls.rs`, `pool.rs`, `migrate.rs` | connections (TLS per `sslmode`) (a pool per stage, its gauges); `__diesel_schema_migrations` |
 
@@ -28,6 +29,7 @@ pub mod decisions;
 pub mod dlt_replays;
 pub mod group_commit;
 pub mod heartbeats;
+pub mod idempotency;
 pub mod invariants;
 pub mod lookup;
 pub mod migrate;

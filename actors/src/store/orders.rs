@@ -69,6 +69,9 @@ pub async fn create_order(
                 client: req.client.clone(),
             };
             // The client's own order first, then an anonymous one it adopts.
+            if req.client.is_empty() || req.adopts_anonymous {
+                super::idempotency::lock_keys(conn, "orders", vec![req.external_reference.clone()]).await?;
+            }
             let mut adopted = None;
             if req.adopts_anonymous && !req.client.is_empty() {
                 let holders: Vec<String> = orders::table

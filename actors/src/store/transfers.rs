@@ -16,6 +16,7 @@ use tally_schema::schema::transfers;
 use tally_schema::EventType;
 use uuid::Uuid;
 
+use super::idempotency;
 use super::outbox::{self, OutboxColumns};
 
 /// A validated transfer request.
@@ -90,14 +91,41 @@ pub async fn create_transfers(
         async move {
             let now = Utc::now();
             let rows: Vec<Transfer> = batch.iter().map(|intake| new_row(intake, now)).collect();
-            let adopted = adopted_transfers(conn, &rows, batch).await?;
+            let shared: Vec<String> = rows
+                .iter()
+                .zip(batch)
+                .filter(|(t, intake)| t.client.is_empty() || intake.adopts_anonymous)
+                .filter_map(|(t, _)| t.idempotency_key.clone())
+                .collect();
+            idempotency::lock_keys(conn, "transfers", shared).await?;
+            let mut adopted = adopted_transfers(conn, &rows, batch).await?;
+            // An adopting request whose key an anonymous request of this batch holds (and
+            // nothing older does) meets that request's transfer, once it is written.
+            let anonymous_here: HashSet<&str> =
+                rows.iter().filter(|t| t.client.is_empty()).filter_map(|t| t.idempotency_key.as_deref()).collect();
+            let adopts_here: HashSet<(String, String)> = rows
+                .iter()
+                .zip(batch)
+                .filter(|(t, intake)| intake.adopts_anonymous && !t.client.is_empty())
+                .filter_map(|(t, _)| scoped_key(t))
+                .filter(|(_, key)| anonymous_here.contains(key))
+                .map(owned)
+                .filter(|k| !adopted.contains_key(k))
+                .collect();
+            let own = keyed_transfers(conn, adopts_here.iter().map(|(c, k)| (c.as_str(), k.as_str()))).await?;
+            let adopts_here: HashSet<(String, String)> =
+                adopts_here.into_iter().filter(|k| !own.contains_key(k)).collect();
             // Only the first request of each client's key is offered to the insert, in
             // (client, key) order: two batches that share keys then wait on each other in
             // one order, never in a cycle (a deadlock). None whose key is adopted.
             let mut seen = HashSet::new();
             let mut offered: Vec<&Transfer> = rows
                 .iter()
-                .filter(|t| scoped_key(t).is_none_or(|k| !adopted.contains_key(&owned(k)) && seen.insert(k)))
+                .filter(|t| {
+                    scoped_key(t).is_none_or(|k| {
+                        !adopted.contains_key(&owned(k)) && !adopts_here.contains(&owned(k)) && seen.insert(k)
+                    })
+                })
                 .collect();
             offered.sort_by(|a, b| scoped_key(a).cmp(&scoped_key(b)));
             let mut inserted: HashMap<Uuid, Transfer> = diesel::insert_into(transfers::table)
@@ -112,6 +140,17 @@ pub async fn create_transfers(
                 .collect();
             let unwritten = rows.iter().filter(|t| !inserted.contains_key(&t.id));
             let by_key = keyed_transfers(conn, unwritten.filter_map(scoped_key)).await?;
+            for (client, key) in &adopts_here {
+                let anonymous =
+                    inserted.values().find(|t| t.client.is_empty() && t.idempotency_key.as_ref() == Some(key));
+                let anonymous = match anonymous {
+                    Some(t) => Some(t.clone()),
+                    None => keyed_transfers(conn, std::iter::once(("", key.as_str()))).await?.into_values().next(),
+                };
+                if let Some(t) = anonymous {
+                    adopted.insert((client.clone(), key.clone()), t);
+                }
+            }
             let mut outcomes = Vec::with_capacity(batch.len());
             let mut events = OutboxColumns::default();
             for (row, intake) in rows.iter().zip(batch) {

@@ -7,12 +7,13 @@
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::collections::HashSet;
+use std::time::Duration;
 
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel_async::{AnsiTransactionManager, AsyncConnection, AsyncPgConnection, TransactionManager};
 use futures_util::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use tally_actors::store::transfers::{finish_all, Finish};
+use tally_actors::store::transfers::{create_transfers, finish_all, Created, Finish, Intake, TransferRequest};
 use tally_integration_tests::{
     json_body, metric_value, produce, producer, run_only, spawn_app, wait_until, Deadline, TestDb,
 };
@@ -259,4 +260,64 @@ async fn a_poison_move_fails_alone_and_the_rest_of_its_batch_lands() {
     let batches = metric_value(&m, r#"tally_group_commit_batch_size_count{writes="projection"}"#).unwrap_or(0.0);
     let moves = metric_value(&m, r#"tally_group_commit_batch_size_sum{writes="projection"}"#).unwrap_or(0.0);
     assert_eq!(moves, 29.0, "every good move committed once, in {batches} statements");
+}
+
+/// One request of a transfer, as the intake hands it to the store.
+fn cut_over_intake(client: &str, adopts_anonymous: bool) -> Intake {
+    Intake {
+        request: TransferRequest {
+            source_account: "acc-a".into(),
+            destination_account: "acc-b".into(),
+            amount_cents: 100,
+            currency: "BRL".into(),
+        },
+        client: client.into(),
+        adopts_anonymous,
+        idempotency_key: Some("K-cut-over".into()),
+        traceparent: None,
+    }
+}
+
+/// During the cut-over to an authenticated intake, an anonymous request (a daemon still
+/// without authentication) and the adopting client's retry of it (a daemon with it) meet in
+/// two transactions, or in one batch: either way exactly one transfer is written, and the
+/// adopting request replays it. Without the per-key lock the retry reads before the
+/// anonymous transfer commits and writes a second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_request_and_its_adopting_retry_make_one_transfer() {
+    let db = TestDb::new().await;
+    let mut anonymous = AsyncPgConnection::establish(db.url()).await.expect("diesel connection");
+    let mut adopting = AsyncPgConnection::establish(db.url()).await.expect("diesel connection");
+    // The anonymous batch's transaction stays open (create_transfers' own is a savepoint
+    // in it).
+    AnsiTransactionManager::begin_transaction(&mut anonymous).await.expect("begin");
+    let first = create_transfers(&mut anonymous, &[cut_over_intake("", false)], "t").await.expect("anonymous");
+    assert!(matches!(first[..], [Created::New(_)]), "{first:?}");
+    let retry = tokio::spawn(async move {
+        let out = create_transfers(&mut adopting, &[cut_over_intake("shop", true)], "t").await;
+        (out, adopting)
+    });
+    // The retry waits for the anonymous transaction's lock (or, without it, is done).
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !retry.is_finished() && db.scalar_i64(waiting, &[]).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "the retry neither finished nor waited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    AnsiTransactionManager::commit_transaction(&mut anonymous).await.expect("commit");
+    let (second, _conn) = retry.await.expect("the retry task");
+    let second = second.expect("the retry");
+    assert!(matches!(second[..], [Created::Replayed(_)]), "the retry replays the anonymous transfer: {second:?}");
+    let count = "SELECT count(*) FROM transfers WHERE idempotency_key = 'K-cut-over'";
+    assert_eq!(db.scalar_i64(count, &[]).await, 1);
+
+    // Both in one batch, the adopting request first: one transfer, the retry replays it.
+    db.execute("DELETE FROM outbox_events", &[]).await;
+    db.execute("DELETE FROM transfers", &[]).await;
+    let mut conn = AsyncPgConnection::establish(db.url()).await.expect("diesel connection");
+    let batch = [cut_over_intake("shop", true), cut_over_intake("", false)];
+    let both = create_transfers(&mut conn, &batch, "t").await.expect("one batch");
+    assert!(matches!(both[..], [Created::Replayed(_), Created::New(_)]), "{both:?}");
+    assert_eq!(db.scalar_i64(count, &[]).await, 1);
+    assert_eq!(db.scalar_i64("SELECT count(*) FROM outbox_events", &[]).await, 1, "one TransferRequested");
 }
