@@ -83,9 +83,12 @@ impl IntakeClients {
     }
 
     /// The client named by a verified client certificate (its common name or one of its
-    /// DNS names).
+    /// DNS names); none when it names no client, or more than one (which would depend on
+    /// the order of the configuration).
     fn by_certificate(&self, peer: &super::tls::PeerNames) -> Option<&Caller> {
-        self.clients.iter().find(|c| peer.0.contains(&c.name))
+        let mut named = self.clients.iter().filter(|c| peer.0.contains(&c.name));
+        let first = named.next()?;
+        named.next().is_none().then_some(first)
     }
 }
 
@@ -129,7 +132,13 @@ fn identify(req: &HttpRequest) -> Result<Caller, ApiError> {
                 .ok_or(ApiError::ClientUnauthorized)?,
         ),
     };
-    let by_certificate = req.conn_data::<super::tls::PeerNames>().and_then(|peer| clients.by_certificate(peer));
+    // A verified certificate that names no client (or two) is refused, not taken for an
+    // anonymous caller: a renewed certificate with another name would otherwise move its
+    // retries into the anonymous scope, where their keys are new.
+    let by_certificate = match req.conn_data::<super::tls::PeerNames>() {
+        None => None,
+        Some(peer) => Some(clients.by_certificate(peer).ok_or(ApiError::ClientUnauthorized)?),
+    };
     match (by_token, by_certificate) {
         // A token of one client over a connection of another: neither is believed.
         (Some(token), Some(cert)) if token.name != cert.name => Err(ApiError::ClientUnauthorized),

@@ -210,6 +210,39 @@ async fn an_optional_client_certificate_leaves_bearer_tokens_working() {
     assert_eq!(env.db.count("transfers").await, 2);
 }
 
+/// With `http.intake_auth` off an anonymous request is served, but a verified certificate
+/// that names no client, or two, is refused: a renewed certificate with another name must
+/// not move a client's retries into the anonymous scope, where their keys are new.
+// Broker: embedded mock cluster (publisher off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_intake_auth_a_certificate_naming_no_client_or_two_is_refused() {
+    let servers = TestCa::new("server authority");
+    let clients = TestCa::new("client authority");
+    let (cert, key) = servers.write("server", &servers.sign(&[HOST]));
+    let env = TestEnv::new().await;
+    let app = env
+        .spawn(|c| {
+            c.pipelines.set("outbox", false);
+            intake_tls(c, &cert, &key);
+            c.http.tls.client_ca_file = path_str(&clients.cert_path());
+            c.http.intake_auth = false;
+            c.http.clients = vec![cert_client("shop"), cert_client("market")];
+        })
+        .await;
+    let intake = addr_of(&app.intake_url);
+    let post = |identity: Option<Signed>| {
+        let client = https_client(&servers, intake, identity.as_ref());
+        async move { client.post(url(intake, "/transfers")).json(&transfer(100)).send().await.expect("answered") }
+    };
+    assert_eq!(post(Some(clients.sign(&["shop-2027"]))).await.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(post(Some(clients.sign(&["shop", "market"]))).await.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(env.db.count("transfers").await, 0, "refused requests wrote nothing");
+    assert_eq!(post(None).await.status(), StatusCode::CREATED, "no certificate: anonymous");
+    let res = post(Some(clients.sign(&["shop"]))).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(json_body(res).await["client"], "shop");
+}
+
 /// Writes `pem` to `path` padded to a fixed size with a fixed modification time: every
 /// version of the file looks the same to a watcher of sizes and times, so that only a
 /// signal can make the daemon read it again.
