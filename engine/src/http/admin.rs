@@ -16,6 +16,7 @@ use tally_actors::consume::PipelineControl;
 use tally_actors::outbox;
 use tally_actors::store::migrate;
 
+use super::admin_dead_letters;
 use super::admin_dlt::{self, dlt_inventory};
 use super::auth::Admin;
 use super::error::{ApiError, ErrorBody};
@@ -37,8 +38,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/admin/pipelines/{name}/resume", web::post().to(resume))
         .route("/admin/dlt", web::get().to(admin_dlt::dlt_list))
         // Before `{topic}`: the table's name is never a `-dlt` topic's.
-        .route("/admin/dlt/dead_letters", web::get().to(admin_dlt::dead_letters_read))
-        .route("/admin/dlt/dead_letters/replay", web::post().to(admin_dlt::dead_letters_replay))
+        .route("/admin/dlt/dead_letters", web::get().to(admin_dead_letters::dead_letters_read))
+        .route("/admin/dlt/dead_letters/replay", web::post().to(admin_dead_letters::dead_letters_replay))
         .route("/admin/dlt/{topic}", web::get().to(admin_dlt::dlt_read))
         .route("/admin/dlt/{topic}/replay", web::post().to(admin_dlt::dlt_replay));
 }

@@ -3,6 +3,7 @@
 
 pub mod accounts;
 pub mod admin;
+mod admin_dead_letters;
 mod admin_dlt;
 pub mod auth;
 mod console;

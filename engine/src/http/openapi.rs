@@ -14,7 +14,9 @@ use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use super::error::ApiError;
-use super::{accounts, admin, admin_dlt, console, dlt_replays, intake, orders, transfer_list, AppState};
+use super::{
+    accounts, admin, admin_dead_letters, admin_dlt, console, dlt_replays, intake, orders, transfer_list, AppState,
+};
 
 /// The intake listener's document.
 #[derive(OpenApi)]
@@ -53,8 +55,8 @@ pub struct IntakeApi;
         admin::pause,
         admin::resume,
         admin_dlt::dlt_list,
-        admin_dlt::dead_letters_read,
-        admin_dlt::dead_letters_replay,
+        admin_dead_letters::dead_letters_read,
+        admin_dead_letters::dead_letters_replay,
         admin_dlt::dlt_read,
         admin_dlt::dlt_replay,
         console::index,
