@@ -105,13 +105,10 @@ async fn the_listeners_serve_https_and_refuse_plain_http() {
     assert!(reqwest::Client::new().get(format!("http://{admin}/healthz")).send().await.is_err());
 }
 
-fn cert_client(name: &str) -> IntakeClientConfig {
-    IntakeClientConfig { name: name.into(), ..IntakeClientConfig::default() }
-}
-
-// Broker: embedded mock cluster (publisher off).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_required_client_certificate_authenticates_the_intake_client_it_names() {
+/// A daemon (publisher off) whose intake serves HTTPS with a certificate of its own
+/// server authority and verifies client certificates of a client authority, configured
+/// further by `configure`: the two authorities, the environment and the daemon.
+async fn cert_intake(configure: impl FnOnce(&mut Config)) -> (TestCa, TestCa, TestEnv, TestApp) {
     let servers = TestCa::new("server authority");
     let clients = TestCa::new("client authority");
     let (cert, key) = servers.write("server", &servers.sign(&[HOST]));
@@ -121,11 +118,25 @@ async fn a_required_client_certificate_authenticates_the_intake_client_it_names(
             c.pipelines.set("outbox", false);
             intake_tls(c, &cert, &key);
             c.http.tls.client_ca_file = path_str(&clients.cert_path());
-            c.http.tls.client_cert = ClientCert::Required;
-            c.http.intake_auth = true;
-            c.http.clients = vec![cert_client("shop"), cert_client("market")];
+            configure(c);
         })
         .await;
+    (servers, clients, env, app)
+}
+
+fn cert_client(name: &str) -> IntakeClientConfig {
+    IntakeClientConfig { name: name.into(), ..IntakeClientConfig::default() }
+}
+
+// Broker: embedded mock cluster (publisher off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_client_certificate_authenticates_the_intake_client_it_names() {
+    let (servers, clients, env, app) = cert_intake(|c| {
+        c.http.tls.client_cert = ClientCert::Required;
+        c.http.intake_auth = true;
+        c.http.clients = vec![cert_client("shop"), cert_client("market")];
+    })
+    .await;
     let intake = addr_of(&app.intake_url);
     let post = |client: reqwest::Client| async move {
         client.post(url(intake, "/transfers")).json(&transfer(100)).send().await
@@ -163,24 +174,16 @@ async fn a_required_client_certificate_authenticates_the_intake_client_it_names(
 // Broker: embedded mock cluster (publisher off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_optional_client_certificate_leaves_bearer_tokens_working() {
-    let servers = TestCa::new("server authority");
-    let clients = TestCa::new("client authority");
-    let (cert, key) = servers.write("server", &servers.sign(&[HOST]));
-    let env = TestEnv::new().await;
     let market: IntakeClientConfig = serde_json::from_value(json!({
         "name": "market",
         "token_sha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"market-token")),
     }))
     .expect("a client");
-    let app = env
-        .spawn(|c| {
-            c.pipelines.set("outbox", false);
-            intake_tls(c, &cert, &key);
-            c.http.tls.client_ca_file = path_str(&clients.cert_path());
-            c.http.intake_auth = true;
-            c.http.clients = vec![cert_client("shop"), market];
-        })
-        .await;
+    let (servers, clients, env, app) = cert_intake(|c| {
+        c.http.intake_auth = true;
+        c.http.clients = vec![cert_client("shop"), market];
+    })
+    .await;
     let intake = addr_of(&app.intake_url);
     let anonymous = https_client(&servers, intake, None);
     let res = anonymous.post(url(intake, "/transfers")).json(&transfer(100)).send().await.expect("answered");
@@ -216,19 +219,11 @@ async fn an_optional_client_certificate_leaves_bearer_tokens_working() {
 // Broker: embedded mock cluster (publisher off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_intake_auth_a_certificate_naming_no_client_or_two_is_refused() {
-    let servers = TestCa::new("server authority");
-    let clients = TestCa::new("client authority");
-    let (cert, key) = servers.write("server", &servers.sign(&[HOST]));
-    let env = TestEnv::new().await;
-    let app = env
-        .spawn(|c| {
-            c.pipelines.set("outbox", false);
-            intake_tls(c, &cert, &key);
-            c.http.tls.client_ca_file = path_str(&clients.cert_path());
-            c.http.intake_auth = false;
-            c.http.clients = vec![cert_client("shop"), cert_client("market")];
-        })
-        .await;
+    let (servers, clients, env, app) = cert_intake(|c| {
+        c.http.intake_auth = false;
+        c.http.clients = vec![cert_client("shop"), cert_client("market")];
+    })
+    .await;
     let intake = addr_of(&app.intake_url);
     let post = |identity: Option<Signed>| {
         let client = https_client(&servers, intake, identity.as_ref());
