@@ -246,7 +246,9 @@ pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut item
                     must_rewind = recover(producer, spec, metrics, &failure, attempt, part);
                     if let Some(item) = failure.refused.and_then(|index| items.get_mut(index)) {
                         // The producer refused this output at once: it names its input.
-                        if refused::refused_at_once(item, &failure.error) && set_aside(io, item, &failure.error) {
+                        if refused::refused_at_once(item, &failure.error)
+                            && set_aside(io, item, &failure.error.to_string())
+                        {
                             continue;
                         }
                     } else if refused::refused_by_broker(&failure) {
@@ -256,7 +258,8 @@ pub(super) fn commit_batch(io: &LoopIo<'_>, producer: &mut TxnProducer, mut item
                             continue;
                         }
                         // Alone, so its input's output is the refused one.
-                        if items.first_mut().is_some_and(|item| set_aside(io, item, &failure.error)) {
+                        let refusal = refused::refusal(&failure);
+                        if items.first_mut().is_some_and(|item| set_aside(io, item, &refusal)) {
                             continue;
                         }
                     }

@@ -95,6 +95,18 @@ pub(super) fn refused_by_broker(failure: &TxnFailure) -> bool {
         && (failure.error.kafka().is_some_and(record_refused) || failure.deliveries.iter().copied().any(judges_record))
 }
 
+/// What the broker refused, in words: the failure's own error when it judges a record,
+/// else the first failed delivery that does. A delivery the broker refused makes the
+/// transaction abortable, and the transaction's next call (adding the offsets, say) then
+/// fails with a plain "erroneous state" that names no cause.
+pub(super) fn refusal(failure: &TxnFailure) -> String {
+    let judged = failure.deliveries.iter().copied().find(|&code| judges_record(code));
+    match (&failure.error, judged) {
+        (TxnError::Kafka(e), Some(code)) if !record_refused(e) => KafkaError::MessageProduction(code).to_string(),
+        (error, _) => error.to_string(),
+    }
+}
+
 /// Whether the producer refused the send of `item`'s output at once for good: a dead
 /// letter whose DLT cannot take it (too large, the partition or topic missing, not
 /// permitted), a decision the broker would refuse.
@@ -112,12 +124,12 @@ pub(super) fn refused_at_once(item: &Item, error: &TxnError) -> bool {
 /// is stored in the `dead_letters` table and produces nothing. False when that cannot be
 /// done now (the table unreachable, or nothing of the item is produced): the transaction is
 /// retried as it is.
-pub(super) fn set_aside(io: &LoopIo<'_>, item: &mut Item, error: &TxnError) -> bool {
+pub(super) fn set_aside(io: &LoopIo<'_>, item: &mut Item, error: &str) -> bool {
     if item.stored {
         return false;
     }
     if item.output.dead_letter.is_some() {
-        item.stored = store_refused(io, item, &error.to_string());
+        item.stored = store_refused(io, item, error);
         return item.stored;
     }
     let record = &item.record;
@@ -228,6 +240,28 @@ mod tests {
         assert!(!record_refused(&produce(RDKafkaErrorCode::MessageTimedOut)));
         assert!(!record_refused(&produce(RDKafkaErrorCode::NotEnoughReplicas)));
         assert!(!record_refused(&produce(RDKafkaErrorCode::UnknownTopicOrPartition)), "may be a topic not known yet");
+    }
+
+    #[test]
+    fn a_refusal_names_the_refused_delivery_not_the_state_it_left() {
+        let failure = |error: KafkaError, deliveries: Vec<RDKafkaErrorCode>| TxnFailure {
+            error: TxnError::Kafka(error),
+            phase: crate::antifraud::txn::Phase::SendOffsets,
+            open: true,
+            refused: None,
+            deliveries: deliveries.into(),
+        };
+        let erroneous = || KafkaError::MessageProduction(RDKafkaErrorCode::State);
+        let said = refusal(&failure(
+            erroneous(),
+            vec![RDKafkaErrorCode::MessageTimedOut, RDKafkaErrorCode::MessageSizeTooLarge],
+        ));
+        assert!(said.contains("too large"), "{said}");
+        let own = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+        let said = refusal(&failure(own, vec![RDKafkaErrorCode::MessageSizeTooLarge]));
+        assert!(said.contains("uthoriz"), "the failure's own refusal first: {said}");
+        let said = refusal(&failure(erroneous(), vec![RDKafkaErrorCode::MessageTimedOut]));
+        assert!(said.contains("rroneous state"), "no refused delivery: the error as it is: {said}");
     }
 
     #[test]
