@@ -8,14 +8,15 @@ use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
-use futures_util::stream;
+use futures_util::future::BoxFuture;
+use futures_util::{stream, StreamExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tracing::debug;
 
 use super::offsets::OffsetTracker;
-use super::worker::{Process, WorkerRegistry};
+use super::worker::{KeyedWorker, Process, WorkerRegistry};
 use super::{Lease, Record};
-use crate::supervise::Completion;
+use crate::supervise::{Completion, Stopping};
 
 /// State a partition shares with the driver thread.
 #[derive(Debug)]
@@ -105,6 +106,13 @@ pub struct PartitionConsumer {
     registry: Arc<Mutex<WorkerRegistry>>,
     intake: Option<(mpsc::Receiver<Arc<Record>>, Arc<Semaphore>)>,
     intake_handle: Option<SpawnHandle>,
+    /// Records handed to their workers, awaiting the answer. They run as one stream of
+    /// the actor rather than a future each: an actix context polls every future it holds
+    /// whenever it wakes, so at hundreds in flight each answer cost hundreds of polls. The
+    /// stream polls only those woken, and stopping the actor drops them all, as it did the
+    /// futures (a message still queued for its worker is then dropped unhandled).
+    handing: mpsc::UnboundedSender<BoxFuture<'static, Handed>>,
+    handed: Option<mpsc::UnboundedReceiver<BoxFuture<'static, Handed>>>,
     drain_waiters: Vec<std::sync::mpsc::Sender<()>>,
     /// This assignment's lease, carried with each record to its worker.
     lease: Lease,
@@ -121,6 +129,7 @@ impl PartitionConsumer {
         registry: Arc<Mutex<WorkerRegistry>>,
         lease: Lease,
     ) -> Self {
+        let (handing, handed) = mpsc::unbounded_channel();
         Self {
             topic,
             partition,
@@ -129,6 +138,8 @@ impl PartitionConsumer {
             registry,
             intake: Some((rx, Arc::new(Semaphore::new(max_in_flight.max(1))))),
             intake_handle: None,
+            handing,
+            handed: Some(handed),
             drain_waiters: Vec::new(),
             lease,
         }
@@ -140,33 +151,16 @@ impl PartitionConsumer {
         self.registry.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn dispatch(&mut self, record: Arc<Record>, permit: OwnedSemaphorePermit, ctx: &mut Context<Self>) {
+    fn dispatch(&mut self, record: Arc<Record>, permit: OwnedSemaphorePermit) {
         let key = record.routing_key().to_owned();
         let (worker, pending) = self.registry().checkout(&key);
-        let offset = record.offset;
         let message = Process { record: Arc::clone(&record), lease: self.lease.clone(), pending };
-        let fut = worker.clone().send(message).into_actor(self).map(move |result, act, ctx| match result {
-            Ok(Ok(Completion::Handled(_) | Completion::DeadLettered)) => {
-                drop(permit);
-                act.complete(offset);
-            }
-            // The pipeline is stopping or the partition is being given up: leave the record
-            // unfinished (uncommitted).
-            Ok(Err(_stopping)) => {
-                drop(permit);
-                act.book.abandon();
-                if act.book.drain_complete() {
-                    act.finish_drain();
-                }
-            }
-            // The worker stopped (its mailbox closed, so it runs nothing): start a new one
-            // and hand it the record again.
-            Err(_mailbox) => {
-                act.registry().forget(&key, &worker);
-                act.dispatch(record, permit, ctx);
-            }
-        });
-        ctx.spawn(fut);
+        let answer = worker.send(message);
+        // The receiving end lives as long as the actor, which owns this sender too.
+        let _ = self.handing.send(Box::pin(async move {
+            let result = answer.await;
+            Handed { record, key, worker, permit, result }
+        }));
     }
 
     fn complete(&mut self, offset: i64) {
@@ -206,18 +200,62 @@ impl Actor for PartitionConsumer {
             });
             self.intake_handle = Some(ctx.add_stream(records));
         }
+        if let Some(handed) = self.handed.take() {
+            let answers = stream::unfold(handed, |mut rx| async move { Some((rx.recv().await?, rx)) })
+                .buffer_unordered(usize::MAX);
+            ctx.add_stream(answers);
+        }
         ctx.run_interval(std::time::Duration::from_millis(500), |act, _| act.publish_state());
         debug!(topic = %self.topic, partition = self.partition, "Partition consumer started.");
     }
 }
 
 impl StreamHandler<(Arc<Record>, OwnedSemaphorePermit)> for PartitionConsumer {
-    fn handle(&mut self, (record, permit): (Arc<Record>, OwnedSemaphorePermit), ctx: &mut Self::Context) {
+    fn handle(&mut self, (record, permit): (Arc<Record>, OwnedSemaphorePermit), _: &mut Self::Context) {
         self.book.begin(record.offset);
-        self.dispatch(record, permit, ctx);
+        self.dispatch(record, permit);
     }
 
     /// The queue closed: the driver dropped this partition. Stay alive until drained.
+    fn finished(&mut self, _: &mut Self::Context) {}
+}
+
+/// A record handed to its worker, and the worker's answer.
+pub struct Handed {
+    record: Arc<Record>,
+    key: String,
+    worker: Addr<KeyedWorker>,
+    permit: OwnedSemaphorePermit,
+    result: Result<Result<Completion, Stopping>, MailboxError>,
+}
+
+impl StreamHandler<Handed> for PartitionConsumer {
+    fn handle(&mut self, handed: Handed, _: &mut Self::Context) {
+        let Handed { record, key, worker, permit, result } = handed;
+        match result {
+            Ok(Ok(Completion::Handled(_) | Completion::DeadLettered)) => {
+                drop(permit);
+                self.complete(record.offset);
+            }
+            // The pipeline is stopping or the partition is being given up: leave the record
+            // unfinished (uncommitted).
+            Ok(Err(_stopping)) => {
+                drop(permit);
+                self.book.abandon();
+                if self.book.drain_complete() {
+                    self.finish_drain();
+                }
+            }
+            // The worker stopped (its mailbox closed, so it runs nothing): start a new one
+            // and hand it the record again.
+            Err(_mailbox) => {
+                self.registry().forget(&key, &worker);
+                self.dispatch(record, permit);
+            }
+        }
+    }
+
+    /// The actor owns the sending end, so this stream ends only as the actor stops.
     fn finished(&mut self, _: &mut Self::Context) {}
 }
 
