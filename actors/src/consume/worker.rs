@@ -82,6 +82,13 @@ struct Entry {
 }
 
 impl Entry {
+    /// One more record pending for this worker, used `now`.
+    fn checkout(&mut self, now: Instant) -> (Addr<KeyedWorker>, Pending) {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.last_used = now;
+        (self.addr.clone(), Pending(Arc::clone(&self.pending)))
+    }
+
     fn is_busy(&self) -> bool {
         self.pending.load(Ordering::Acquire) > 0
     }
@@ -114,22 +121,24 @@ impl WorkerRegistry {
     /// (hand the [`Pending`] over in the [`Process`] message). Must be called on the
     /// arbiter that runs the workers.
     pub fn checkout(&mut self, key: &str) -> (Addr<KeyedWorker>, Pending) {
-        if !self.workers.contains_key(key) && self.workers.len() >= self.max_live {
+        let now = Instant::now();
+        // The key's own string is allocated once, when its worker starts, not per record.
+        if let Some(entry) = self.workers.get_mut(key) {
+            return entry.checkout(now);
+        }
+        if self.workers.len() >= self.max_live {
             self.evict_idle(self.max_live.saturating_sub(self.max_live / 10).max(1) - 1);
         }
-        let entry = self.workers.entry(key.to_owned()).or_insert_with(|| Entry {
-            addr: KeyedWorker {
-                handler: Arc::clone(&self.handler),
-                supervision: Arc::clone(&self.supervision),
-                mailbox: self.mailbox,
-            }
-            .start(),
-            last_used: Instant::now(),
-            pending: Arc::new(AtomicUsize::new(0)),
-        });
-        entry.pending.fetch_add(1, Ordering::AcqRel);
-        entry.last_used = Instant::now();
-        (entry.addr.clone(), Pending(Arc::clone(&entry.pending)))
+        let addr = KeyedWorker {
+            handler: Arc::clone(&self.handler),
+            supervision: Arc::clone(&self.supervision),
+            mailbox: self.mailbox,
+        }
+        .start();
+        let mut entry = Entry { addr, last_used: now, pending: Arc::new(AtomicUsize::new(0)) };
+        let checked_out = entry.checkout(now);
+        self.workers.insert(key.to_owned(), entry);
+        checked_out
     }
 
     /// Forgets the worker of `key` if it is still `dead` (its mailbox closed: it stopped
