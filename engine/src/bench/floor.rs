@@ -130,7 +130,17 @@ pub fn measure(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) ->
         ledger: base.ledger.max_concurrent_batches,
         projection: base.projection.writers,
     };
-    eprintln!("floor bench: lifecycle, {} transfers, {} clients, batches {batches:?}", args.transfers, args.clients);
+    eprintln!(
+        "floor bench: lifecycle, {} transfers, {} clients, batches of {} / {} / {} / {} / {} \
+         (intake / outbox / antifraud / ledger / projection)",
+        args.transfers,
+        args.clients,
+        batches.intake,
+        batches.outbox,
+        batches.antifraud,
+        batches.ledger,
+        batches.projection
+    );
     let topics = Topics { requested: base.kafka.topics.transfers_requested.clone(), settled: settled_topic };
     let pipeline = Arc::new(Pipeline::new(args.transfers, args.accounts, deadline(), [batches, at_once], topics));
     let lifecycle_pool = pool(base, &url, args.clients)?;
