@@ -58,7 +58,7 @@ fmt: ## Format the code
 migrate: db ## Create the database if missing and apply pending migrations
 	$(CARGO) run -p tally-engine --bin tally -- migrate
 
-bench: db ## Load scenarios ledger (vs seed-style baseline), e2e, outbox (vs seed relay), stages (each alone vs e2e vs seed), scale (1..3 daemons, kill one); release build; JSON, plots and logs in target/bench/ (docs/BENCHMARKS.md)
+bench: db ## Load scenarios ledger (vs seed-style baseline), e2e, outbox (vs seed relay), stages (each alone vs e2e vs seed, against the PostgreSQL-alone floors), scale (1..3 daemons, kill one); release build; JSON, plots and logs in target/bench/ (docs/BENCHMARKS.md)
 	$(CARGO) build --release -p tally-engine --bin tally
 	TALLY__LOG__LEVEL=warn ./target/release/tally bench ledger $(BENCH_LEDGER_ARGS)
 	TALLY__LOG__LEVEL=warn ./target/release/tally bench e2e $(BENCH_E2E_ARGS)

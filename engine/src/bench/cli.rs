@@ -90,6 +90,31 @@ pub enum Scenario {
         #[arg(long, default_value = "tally_bench_stages")]
         database: String,
     },
+    /// What PostgreSQL alone does with tally's statements, set-based, at tally's batch
+    /// sizes: the ledger's batch, and a transfer's whole life (intake to final status), each
+    /// run by concurrent connections on a fresh database. The floor the stages are
+    /// measured against.
+    Floor {
+        /// Transfers of each floor.
+        #[arg(long, default_value_t = 50_000)]
+        transfers: usize,
+        /// Stop starting transfers after this many seconds (with --transfers, whichever
+        /// comes first).
+        #[arg(long)]
+        seconds: Option<u64>,
+        /// Concurrent connections.
+        #[arg(long, default_value_t = super::floor::DEFAULT_CLIENTS)]
+        clients: usize,
+        /// Transfers per ledger floor transaction (default: `ledger.batch_size`).
+        #[arg(long)]
+        batch: Option<usize>,
+        #[arg(long, default_value_t = 10_000)]
+        accounts: usize,
+        /// The prefix of its databases (`<prefix>_ledger`, `<prefix>_lifecycle`) on the server of `database.url`:
+        /// dropped and re-created, so two benches at once need different names.
+        #[arg(long, default_value = "tally_bench_floor")]
+        database: String,
+    },
     /// The ledger on 1..=N daemons of one group (separate processes), then a SIGKILL of one
     /// of two under a steady stream: how long each partition stood still.
     Scale {
@@ -138,6 +163,7 @@ impl Scenario {
             Self::Outbox { .. } => "outbox",
             Self::E2e { .. } => "e2e",
             Self::Stages { .. } => "stages",
+            Self::Floor { .. } => "floor",
             Self::Scale { .. } => "scale",
             Self::Soak { .. } => "soak",
         }
@@ -181,6 +207,17 @@ pub fn run(config: &Config, scenario: Scenario) -> anyhow::Result<()> {
                 accounts,
                 partitions,
                 broker,
+                database_prefix: database,
+            },
+        ),
+        Scenario::Floor { transfers, seconds, clients, batch, accounts, database } => super::floor::run(
+            config,
+            &super::floor::Args {
+                transfers,
+                seconds,
+                clients,
+                batch: batch.unwrap_or(config.ledger.batch_size),
+                accounts,
                 database_prefix: database,
             },
         ),

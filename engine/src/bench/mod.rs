@@ -11,6 +11,7 @@ mod child;
 pub mod cli;
 pub mod cluster;
 pub mod e2e;
+pub mod floor;
 pub mod hops;
 pub mod ledger;
 pub mod logs;

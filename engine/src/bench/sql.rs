@@ -1,6 +1,9 @@
 //! Every SQL statement of the bench: creating and filling its throwaway databases, reading
 //! what the stages wrote to measure them, and the baseline's one statement that tally does
-//! not have. tally's own statements stay in `tally_actors::store`.
+//! not have. tally's own statements stay in `tally_actors::store`; the floor's copies of
+//! them are in [`floor`].
+
+pub mod floor;
 
 /// `ACC-00042` of an integer column `i`: the ids the bench creates in the database
 /// (`super::account` in Rust). `lpad` alone truncates to its length (`lpad('100000', 5)` is

@@ -56,6 +56,12 @@
 //! included, of 1 / records/s alone): the rate at which one machine could do each stage's
 //! work for every transfer, one stage after another.
 //!
+//! Before the stages, the same run measures the two floors of [`super::floor`]
+//! (PostgreSQL alone with tally's statements, `--records` transfers each, on databases of
+//! their own) and reports the ledger stage alone over the ledger floor (target >= 0.8) and
+//! e2e over the lifecycle floor (target >= 0.6): how much of what the database alone does
+//! with the same statements each keeps.
+//!
 //! With `--broker noida` every run has a fresh noida-db process instead of the embedded
 //! broker ([`super::cluster`]): real transactions, so antifraud's `read_committed` reads
 //! and transactional offsets cost what they cost on a real cluster.
@@ -67,11 +73,14 @@ use serde::Serialize;
 
 use super::cluster::{Cluster, ClusterKind};
 use super::e2e::{Load, Phase, Target};
-use super::{daemon_config, fresh_database, hops, peak_rss_mib, write_report};
+use super::floor::{self, FloorReport};
+use super::{daemon_config, fresh_database, peak_rss_mib, write_report};
 use crate::config::{Config, PipelinesConfig};
 
 mod alone;
+mod table;
 use alone::alone;
+use table::print_table;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -190,9 +199,26 @@ pub struct Ratios {
     /// e2e sustained / seed configuration's e2e sustained.
     pub e2e_over_seed: Option<f64>,
     pub e2e_over_seed_target: f64,
+    /// The ledger stage alone / the ledger floor (PostgreSQL alone with the ledger's
+    /// statements, [`floor`]): what the ledger's own machinery leaves of the database's rate.
+    pub ledger_over_floor: Option<f64>,
+    pub ledger_over_floor_target: f64,
+    /// e2e sustained / the lifecycle floor (PostgreSQL alone with every stage's statements).
+    pub e2e_over_lifecycle_floor: Option<f64>,
+    pub e2e_over_lifecycle_floor_target: f64,
     /// The e2e hop with the highest p50.
     pub slowest_hop: Option<String>,
     pub slowest_hop_p50_ms: Option<f64>,
+}
+
+/// The two floors of [`floor`], over `--records` transfers and [`floor::DEFAULT_CLIENTS`]
+/// connections.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Floors {
+    pub clients: usize,
+    pub ledger: FloorReport,
+    pub lifecycle: FloorReport,
 }
 
 /// Everything one run measured.
@@ -206,6 +232,8 @@ pub struct Report {
     pub stages: Vec<StageReport>,
     pub e2e: Phase,
     pub seed_e2e: Phase,
+    /// PostgreSQL alone with tally's statements, measured first in the same run.
+    pub floors: Floors,
     pub ratios: Ratios,
     pub peak_rss_mib: Option<f64>,
 }
@@ -242,6 +270,17 @@ pub fn measure(base: &Config, args: &Args) -> anyhow::Result<Report> {
         bail!("need at least 2 accounts");
     }
     let runtime = super::runtime()?;
+    eprintln!("stages bench: the floors, PostgreSQL alone with tally's statements");
+    let floor_args = floor::Args {
+        transfers: args.records,
+        seconds: None,
+        clients: floor::DEFAULT_CLIENTS,
+        batch: base.ledger.batch_size,
+        accounts: args.accounts,
+        database_prefix: format!("{}_floor", args.database_prefix),
+    };
+    let measured = floor::measure(base, &floor_args, &runtime)?;
+    let floors = Floors { clients: measured.clients, ledger: measured.ledger, lifecycle: measured.lifecycle };
     let mut stages = Vec::new();
     for stage in Stage::ALL {
         eprintln!("stages bench: {} alone over {} records ({} broker)", stage.name(), args.records, args.broker.name());
@@ -253,7 +292,7 @@ pub fn measure(base: &Config, args: &Args) -> anyhow::Result<Report> {
     stages.push(phase_row("e2e, seed configuration", &seed_e2e));
     let path: Vec<(Stage, &StageReport)> =
         Stage::ALL.into_iter().zip(&stages).filter(|(stage, _)| stage.on_transfer_path()).collect();
-    let ratios = ratios(&path, &e2e, &seed_e2e);
+    let ratios = ratios(&path, &e2e, &seed_e2e, &floors);
     Ok(Report {
         scenario: "stages",
         broker: args.broker,
@@ -261,6 +300,7 @@ pub fn measure(base: &Config, args: &Args) -> anyhow::Result<Report> {
         stages,
         e2e,
         seed_e2e,
+        floors,
         ratios,
         peak_rss_mib: peak_rss_mib(),
     })
@@ -299,7 +339,7 @@ fn phase_row(title: &str, phase: &Phase) -> StageReport {
     }
 }
 
-fn ratios(path: &[(Stage, &StageReport)], e2e: &Phase, seed: &Phase) -> Ratios {
+fn ratios(path: &[(Stage, &StageReport)], e2e: &Phase, seed: &Phase, floors: &Floors) -> Ratios {
     let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
     let slowest = |with_intake: bool| {
         path.iter()
@@ -316,6 +356,8 @@ fn ratios(path: &[(Stage, &StageReport)], e2e: &Phase, seed: &Phase) -> Ratios {
         .sum();
     let shared_bound =
         if seconds_per_record.is_finite() && seconds_per_record > 0.0 { 1.0 / seconds_per_record } else { 0.0 };
+    let ledger_alone =
+        path.iter().find(|(stage, _)| *stage == Stage::Ledger).map_or(0.0, |(_, r)| r.records_per_second);
     let hop = e2e
         .hops
         .iter()
@@ -332,47 +374,11 @@ fn ratios(path: &[(Stage, &StageReport)], e2e: &Phase, seed: &Phase) -> Ratios {
         e2e_over_shared_bound: ratio(e2e.sustained_per_second, shared_bound),
         e2e_over_seed: ratio(e2e.sustained_per_second, seed.sustained_per_second),
         e2e_over_seed_target: 10.0,
+        ledger_over_floor: ratio(ledger_alone, floors.ledger.transfers_per_second),
+        ledger_over_floor_target: 0.8,
+        e2e_over_lifecycle_floor: ratio(e2e.sustained_per_second, floors.lifecycle.transfers_per_second),
+        e2e_over_lifecycle_floor_target: 0.6,
         slowest_hop: hop.map(|h| h.name.to_owned()),
         slowest_hop_p50_ms: hop.and_then(|h| h.p50_ms),
     }
-}
-
-fn print_table(r: &Report) {
-    let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
-    println!();
-    println!("stages bench: {} records per stage alone, {} broker", r.records, r.broker.name());
-    println!("{:<24} {:>9} {:>11} {:>9} {:>9}  p50/p99 of", "stage", "records", "records/s", "p50 ms", "p99 ms");
-    for s in &r.stages {
-        println!(
-            "{:<24} {:>9} {:>11.0} {:>9} {:>9}  {}",
-            s.stage,
-            s.records,
-            s.records_per_second,
-            opt(s.p50_ms),
-            opt(s.p99_ms),
-            s.latency
-        );
-    }
-    for (title, phase) in [("e2e", &r.e2e), ("e2e, seed configuration", &r.seed_e2e)] {
-        println!("hops, {title}:");
-        for line in hops::lines(&phase.hops) {
-            println!("{line}");
-        }
-    }
-    let x = r.ratios.clone();
-    println!(
-        "e2e / slowest stage alone ({}, {:.0}/s): {} (target >= {})",
-        x.slowest_stage,
-        x.slowest_stage_per_second,
-        opt(x.e2e_over_slowest_stage),
-        x.e2e_over_slowest_stage_target
-    );
-    println!(
-        "e2e / slowest stage alone, the intake counted ({}): {}",
-        x.slowest_stage_with_intake,
-        opt(x.e2e_over_slowest_stage_with_intake)
-    );
-    println!("e2e / shared-machine bound ({:.0}/s): {}", x.shared_bound_per_second, opt(x.e2e_over_shared_bound));
-    println!("e2e / seed e2e: {}x (target >= {}x)", opt(x.e2e_over_seed), x.e2e_over_seed_target);
-    println!("slowest hop at p50 (e2e): {} {} ms", x.slowest_hop.as_deref().unwrap_or("-"), opt(x.slowest_hop_p50_ms));
 }

@@ -2,7 +2,8 @@
 //! clients use, at every size (a million accounts included); the per-hop breakdown reads
 //! the stages' times right; `tally bench stages` runs every stage and reports each;
 //! `tally bench soak` reports every window with a rate and the daemon's RSS; `tally bench
-//! outbox` reports both modes; every run writes its JSON, plots and log lines under its
+//! outbox` reports both modes; `tally bench floor` settles every transfer of both floors
+//! and leaves the ledger whole; every run writes its JSON, plots and log lines under its
 //! stamp, and keeps the log lines off stderr.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
@@ -113,6 +114,10 @@ fn the_stages_bench_reports_every_stage() {
     }
     let ratios = &report["ratios"];
     assert!(ratios["e2eOverSeed"].is_number() && ratios["e2eOverSharedBound"].is_number(), "{ratios}");
+    assert!(ratios["ledgerOverFloor"].is_number() && ratios["e2eOverLifecycleFloor"].is_number(), "{ratios}");
+    for floor in ["ledger", "lifecycle"] {
+        assert_eq!(report["floors"][floor]["transfers"].as_u64(), Some(40), "{}", report["floors"]);
+    }
     // The shared-machine bound is below every stage's rate alone (a sum of their costs).
     let bound = ratios["sharedBoundPerSecond"].as_f64().unwrap_or(0.0);
     let mut path = rows.iter().take(5).map(|r| r["recordsPerSecond"].as_f64().unwrap_or(0.0));
@@ -157,6 +162,28 @@ fn the_outbox_bench_draws_its_plots_and_keeps_the_daemons_logs_in_a_file() {
     run.assert_drawn(&["outbox-throughput", "outbox-latency-cdf"]);
     let log = run.assert_logs_apart();
     assert!(log.contains("HTTP listeners started."), "the daemons' lines are in the log file: {log}");
+}
+
+/// `tally bench floor` at a tiny size through the binary: both floors take every transfer to
+/// its end (the lifecycle's to its final status), and the ledger invariants hold after each
+/// (balances sum to the opening, every settled transfer has its debit and credit). Timings
+/// are never asserted.
+#[test]
+fn the_floor_bench_settles_every_transfer_and_keeps_the_ledger_whole() {
+    let run = Bench::run("floor", &["--transfers", "2000", "--clients", "2", "--accounts", "500"], "warn");
+    let report = run.report();
+    for floor in ["ledger", "lifecycle"] {
+        let f = &report[floor];
+        assert_eq!(f["transfers"].as_u64(), Some(2000), "{f}");
+        assert!(f["transfersPerSecond"].as_f64().unwrap_or(0.0) > 0.0, "{f}");
+        assert_eq!(f["invariantsOk"], true, "{f}");
+    }
+    let steps = report["lifecycleSteps"].as_array().expect("the lifecycle's steps");
+    for s in steps.iter().filter(|s| s["step"] != "outbox") {
+        assert_eq!(s["rows"].as_u64(), Some(2000), "each step took every transfer once: {s}");
+    }
+    let outbox = steps.iter().find(|s| s["step"] == "outbox").expect("the outbox step");
+    assert_eq!(outbox["rows"].as_u64(), Some(4000), "requested and settled, each published once: {outbox}");
 }
 
 /// One `tally bench <scenario>` run in a directory of its own, on databases of its own
