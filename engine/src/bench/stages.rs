@@ -272,7 +272,9 @@ pub fn measure(base: &Config, args: &Args) -> anyhow::Result<Report> {
     let runtime = super::runtime()?;
     eprintln!("stages bench: the floors, PostgreSQL alone with tally's statements");
     let floor_args = floor::Args {
-        transfers: args.records,
+        // Five times the stages' records: at 10,000 a floor ran for about a second, too
+        // short to read a rate from on a shared machine.
+        transfers: args.records.saturating_mul(5),
         seconds: None,
         clients: floor::DEFAULT_CLIENTS,
         batch: base.ledger.batch_size,
