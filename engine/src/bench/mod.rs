@@ -10,6 +10,7 @@ pub mod baseline;
 mod child;
 pub mod cli;
 pub mod cluster;
+pub mod cpu;
 pub mod e2e;
 pub mod hops;
 pub mod ledger;
