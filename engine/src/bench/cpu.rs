@@ -155,13 +155,14 @@ pub struct PhaseCpu {
 }
 
 impl PhaseCpu {
-    /// Table lines: CPU ms per final transfer of each process, then the daemon's threads.
+    /// Table lines: CPU ms per final transfer of each process (cores busy alone when no
+    /// transfer finished), then the daemon's threads.
     #[must_use]
     pub fn lines(&self) -> Vec<String> {
         let cell = |name: &str, u: &Option<Used>| {
-            u.as_ref().map(|u| {
-                let per = u.ms_per_transfer.map_or("-".into(), |p| format!("{p:.3}"));
-                format!("{name} {per} ms ({:.2} cores)", u.cores)
+            u.as_ref().map(|u| match u.ms_per_transfer {
+                Some(per) => format!("{name} {per:.3} ms ({:.2} cores)", u.cores),
+                None => format!("{name} {:.2} cores", u.cores),
             })
         };
         let procs: Vec<String> = [
@@ -173,7 +174,12 @@ impl PhaseCpu {
         .into_iter()
         .flatten()
         .collect();
-        let mut lines = vec![format!("  CPU per final transfer over {:.1} s: {}", self.wall_seconds, procs.join(", "))];
+        let what = if self.daemon.as_ref().is_some_and(|d| d.ms_per_transfer.is_some()) {
+            "CPU per final transfer"
+        } else {
+            "CPU"
+        };
+        let mut lines = vec![format!("  {what} over {:.1} s: {}", self.wall_seconds, procs.join(", "))];
         let total: f64 = self.daemon_threads.iter().map(|t| t.ms).sum();
         if total > 0.0 {
             let top: Vec<String> = self

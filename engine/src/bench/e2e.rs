@@ -31,6 +31,8 @@ pub struct Args {
     pub rate: u32,
     pub rate_seconds: u64,
     pub max_seconds: u64,
+    /// Seconds without load before the phases (the processes' idle CPU).
+    pub idle_seconds: u64,
     pub clients: usize,
     pub accounts: usize,
     /// The database (dropped and re-created).
@@ -71,6 +73,8 @@ pub struct Phase {
 struct Report {
     scenario: &'static str,
     accounts: usize,
+    /// CPU per process with no load, before the phases.
+    idle_cpu: Option<PhaseCpu>,
     phases: Vec<Phase>,
     /// The bench's own (the load generator).
     peak_rss_mib: Option<f64>,
@@ -110,6 +114,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     let cluster = Cluster::process(base.kafka.partitions, &logs[0])?;
     let target =
         Target::spawn(base, (&url, &args.database), &cluster, (args.clients, args.accounts), &logs[1], &runtime)?;
+    let idle_cpu = runtime.block_on(target.idle(std::time::Duration::from_secs(args.idle_seconds)));
     let fixed = Load { rate: Some(args.rate), seconds: args.rate_seconds, clients: args.clients, limit: None };
     let open = Load { rate: None, seconds: args.max_seconds, clients: args.clients, limit: None };
     let phases = vec![runtime.block_on(target.load(&fixed))?, runtime.block_on(target.load(&open))?];
@@ -120,6 +125,7 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     let report = Report {
         scenario: "e2e",
         accounts: args.accounts,
+        idle_cpu,
         phases,
         peak_rss_mib: peak_rss_mib(),
         daemon_peak_rss_mib,
@@ -174,6 +180,12 @@ fn print_table(r: &Report) {
         "{:<26} {:>8} {:>7} {:>9} {:>12} {:>10} {:>10} {:>11} {:>11}",
         "phase", "sent", "errors", "finished", "final/s", "POST p50", "POST p99", "final p50", "final p99"
     );
+    if let Some(idle) = &r.idle_cpu {
+        println!("idle, no load");
+        for line in idle.lines() {
+            println!("{line}");
+        }
+    }
     for p in &r.phases {
         println!(
             "{:<26} {:>8} {:>7} {:>9} {:>12.0} {:>10} {:>10} {:>11} {:>11}",

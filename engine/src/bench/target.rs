@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use super::child::{free_addr, Daemon};
 use super::cluster::Cluster;
-use super::cpu::{Clock, Watched};
+use super::cpu::{Clock, PhaseCpu, Watched};
 use super::e2e::{measure, Load, Phase};
 use super::{account, connect as db, quantile, sql, wait_for_zero, Progress};
 use crate::config::Config;
@@ -140,6 +140,16 @@ impl Target {
 
     async fn post(&self, n: usize) -> anyhow::Result<()> {
         post(&self.client, &self.intake, n, self.accounts).await
+    }
+
+    /// The CPU of each process over `seconds` without load (`None` for a daemon inside
+    /// the bench, or no wait).
+    pub async fn idle(&self, seconds: Duration) -> Option<PhaseCpu> {
+        let watched = self.watched.as_ref().filter(|_| !seconds.is_zero())?;
+        eprintln!("e2e bench: idle for {} s", seconds.as_secs());
+        let started = Clock::read(watched);
+        tokio::time::sleep(seconds).await;
+        Some(started.until(&Clock::read(watched), 0))
     }
 
     /// Runs one load phase and measures it from the database (and the CPU of the

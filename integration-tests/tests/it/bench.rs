@@ -143,13 +143,16 @@ fn the_soak_bench_reports_every_window_with_a_rate_and_the_daemons_rss() {
 
 /// `tally bench e2e` at a tiny size through the binary (the daemon and the broker child
 /// processes of it, as in `make bench`): every phase reports the CPU time per final
-/// transfer of the daemon, the broker and the bench, and the daemon's threads; the
-/// daemons' log lines stay off stderr. Timings are never asserted.
+/// transfer of the daemon, the broker and the bench, and the daemon's threads; the idle
+/// time before them, the cores each kept busy. The daemons' log lines stay off stderr.
+/// Timings are never asserted.
 #[test]
 fn the_e2e_bench_reports_the_cpu_of_each_process_per_transfer() {
-    let args = ["--rate", "20", "--rate-seconds", "2", "--max-seconds", "2", "--clients", "4", "--accounts", "50"];
-    let run = Bench::run("e2e", &args, "warn");
+    let args = "--rate 20 --rate-seconds 2 --max-seconds 2 --idle-seconds 1 --clients 4 --accounts 50";
+    let run = Bench::run("e2e", &args.split(' ').collect::<Vec<_>>(), "warn");
     let report = run.report();
+    let idle = &report["idleCpu"];
+    assert!(idle["daemon"]["cores"].is_number() && idle["daemon"]["msPerTransfer"].is_null(), "{idle}");
     let phases = report["phases"].as_array().expect("a list of phases");
     assert_eq!(phases.len(), 2, "{report}");
     for phase in phases {
