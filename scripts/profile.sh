@@ -48,7 +48,9 @@ daemon=""
 while [ -z "$daemon" ] && kill -0 "$everything" 2>/dev/null; do
   sleep 0.2
   bench=$(pgrep -P "$everything" || true)
-  [ -n "$bench" ] && daemon=$(ps -o pid=,args= --ppid "$bench" | awk '$3 == "run" { print $1 }')
+  if [ -n "$bench" ]; then
+    daemon=$( (ps -o pid=,args= --ppid "$bench" || true) | awk '$3 == "run" { print $1 }')
+  fi
 done
 if [ -n "$daemon" ]; then
   perf record -q -F "${PROFILE_HZ:-99}" --call-graph dwarf,16384 -p "$daemon" -o "$out/daemon.data" &
@@ -60,7 +62,7 @@ if [ -n "$daemon" ]; then
   wait "$follower" || true
 fi
 
-report() { perf report -i "$1" --stdio --no-children --percent-limit "$2" --sort "$3" 2>/dev/null | grep -v '^$'; }
+report() { perf report -i "$1" --stdio --no-children -g none --percent-limit "$2" --sort "$3" 2>/dev/null | grep -v '^$'; }
 report "$out/perf.data" 0.5 pid > "$out/by-process.txt"
 report "$out/perf.data" 0.5 comm > "$out/by-thread.txt"
 report "$out/perf.data" 0.4 comm,dso,sym > "$out/symbols.txt"
