@@ -70,7 +70,7 @@ soak: db ## Cost as work grows: 2M transfers over 1M accounts on one daemon, rec
 	$(CARGO) build --release -p tally-engine --bin tally
 	TALLY__LOG__LEVEL=warn ./target/release/tally bench soak $(BENCH_SOAK_ARGS)
 
-profile: db ## Where the CPU goes end to end: perf over `tally bench e2e` (PROFILE_ARGS), CPU per process, thread and function in target/bench/profile/
+profile: db ## Where the CPU goes end to end: perf over `tally bench e2e` (PROFILE_ARGS), CPU per process and thread, the daemon's per stage and function (call graphs), in target/bench/profile/
 	$(CARGO) build --release -p tally-engine --bin tally
 	scripts/profile.sh $(PROFILE_ARGS)
 

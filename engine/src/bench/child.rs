@@ -26,10 +26,62 @@ pub(super) struct Daemon {
 }
 
 impl Daemon {
+    /// Starts `tally run` with the variables `env` (`TALLY__*`, over those this process
+    /// has), its admin listener on a free loopback port, its log lines (stderr) in `log`.
+    pub(super) fn spawn(env: &[(String, String)], log: &str) -> anyhow::Result<Self> {
+        let admin = free_addr()?;
+        let child = tally_child(
+            &["run"],
+            env.iter().cloned().chain([("TALLY__HTTP__ADMIN_ADDR".into(), admin.clone())]),
+            log,
+            Stdio::null(),
+        )?;
+        Ok(Self { child, admin: format!("http://{admin}") })
+    }
+
     /// Its process id (for `/proc/<pid>/status`).
     pub(super) fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Waits until its `/readyz` answers, for up to `within`.
+    ///
+    /// # Errors
+    /// When it exits first or is not ready in time.
+    pub(super) async fn ready(&mut self, within: Duration, log: &str) -> anyhow::Result<()> {
+        let started = Instant::now();
+        while started.elapsed() < within {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("tally run exited at start ({status}); its log: {log}");
+            }
+            if http_get(&format!("{}/readyz", self.admin)).await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("tally run was not ready within {within:?}; its log: {log}")
+    }
+}
+
+/// Starts `tally <args>` (this executable) with the variables `env` over those this process
+/// has, stdin closed, stdout to `stdout`, stderr (its log lines) to the file `log`.
+pub(super) fn tally_child(
+    args: &[&str],
+    env: impl IntoIterator<Item = (String, String)>,
+    log: &str,
+    stdout: Stdio,
+) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("cannot find the tally executable")?;
+    std::fs::create_dir_all("target/bench").context("cannot create target/bench")?;
+    let log = std::fs::File::create(log).with_context(|| format!("cannot create {log}"))?;
+    Command::new(&exe)
+        .args(args)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("cannot start tally {}", args.join(" ")))
 }
 
 impl Drop for Daemon {
@@ -91,34 +143,26 @@ impl<'a> Site<'a> {
 
     /// Starts daemon `i` of `group` (see [`Site::start`]) without waiting for it to join.
     pub(super) fn spawn(&self, i: usize, topic: &str, group: &str, extra: &[(&str, &str)]) -> anyhow::Result<Daemon> {
-        let exe = std::env::current_exe().context("cannot find the tally executable")?;
-        std::fs::create_dir_all("target/bench").context("cannot create target/bench")?;
-        let admin = free_addr()?;
-        let log = std::fs::File::create(format!("target/bench/{group}-{i}.log"))
-            .context("cannot create a daemon log under target/bench")?;
-        let child = Command::new(&exe)
-            .arg("run")
-            .env("TALLY__DATABASE__URL", &self.url)
-            .env("TALLY__KAFKA__BROKERS", self.broker.bootstrap_servers())
-            .env("TALLY__KAFKA__CREATE_TOPICS", "false")
-            .env("TALLY__KAFKA__TOPICS__TRANSFERS_ANALYZED", topic)
-            .env("TALLY__LEDGER__GROUP_ID", group)
-            .env("TALLY__INSTANCE__ID", format!("{group}-{i}"))
-            .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
-            .env("TALLY__HTTP__ADMIN_ADDR", &admin)
-            .env("TALLY__LOG__LEVEL", "warn")
-            .env("TALLY__KAFKA__GROUP_PROTOCOL", self.base.kafka.effective_group_protocol().name())
-            .envs(
-                ["OUTBOX", "ANTIFRAUD", "PROJECTION", "ORDERS", "NOTIFICATIONS"]
-                    .map(|p| (format!("TALLY__PIPELINES__{p}"), "false")),
-            )
-            .envs(extra.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("cannot start tally run")?;
-        Ok(Daemon { child, admin: format!("http://{admin}") })
+        let instance = format!("{group}-{i}");
+        let mut env: Vec<(String, String)> = [
+            ("TALLY__DATABASE__URL", self.url.as_str()),
+            ("TALLY__KAFKA__BROKERS", self.broker.bootstrap_servers()),
+            ("TALLY__KAFKA__CREATE_TOPICS", "false"),
+            ("TALLY__KAFKA__TOPICS__TRANSFERS_ANALYZED", topic),
+            ("TALLY__LEDGER__GROUP_ID", group),
+            ("TALLY__INSTANCE__ID", instance.as_str()),
+            ("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0"),
+            ("TALLY__LOG__LEVEL", "warn"),
+            ("TALLY__KAFKA__GROUP_PROTOCOL", self.base.kafka.effective_group_protocol().name()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+        env.extend(
+            ["OUTBOX", "ANTIFRAUD", "PROJECTION", "ORDERS", "NOTIFICATIONS"]
+                .map(|p| (format!("TALLY__PIPELINES__{p}"), "false".to_owned())),
+        );
+        env.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        Daemon::spawn(&env, &format!("target/bench/{group}-{i}.log"))
     }
 
     fn wait_shared(&self, daemons: Vec<Daemon>) -> anyhow::Result<Vec<Daemon>> {
@@ -231,7 +275,8 @@ pub(super) async fn shares(daemons: &[Daemon]) -> Vec<Vec<i32>> {
     all
 }
 
-fn free_addr() -> anyhow::Result<String> {
+/// A free loopback address, `127.0.0.1:port`.
+pub(super) fn free_addr() -> anyhow::Result<String> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     Ok(format!("127.0.0.1:{port}"))
 }

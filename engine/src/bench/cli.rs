@@ -48,6 +48,9 @@ pub enum Scenario {
         rate_seconds: u64,
         #[arg(long, default_value_t = 30)]
         max_seconds: u64,
+        /// Seconds without load before the phases, to measure what each process spends idle.
+        #[arg(long, default_value_t = 5)]
+        idle_seconds: u64,
         /// Concurrent clients in the open-loop phase.
         #[arg(long, default_value_t = 64)]
         clients: usize,
@@ -183,8 +186,11 @@ pub fn run(config: &Config, scenario: Scenario) -> anyhow::Result<()> {
         Scenario::Outbox { rows, rate, seconds, database } => {
             super::outbox::run(config, &super::outbox::Args { rows, rate, seconds, database_prefix: database })
         }
-        Scenario::E2e { rate, rate_seconds, max_seconds, clients, accounts, database } => {
-            super::e2e::run(config, &super::e2e::Args { rate, rate_seconds, max_seconds, clients, accounts, database })
+        Scenario::E2e { rate, rate_seconds, max_seconds, idle_seconds, clients, accounts, database } => {
+            super::e2e::run(
+                config,
+                &super::e2e::Args { rate, rate_seconds, max_seconds, idle_seconds, clients, accounts, database },
+            )
         }
         Scenario::Stages {
             records,

@@ -2,11 +2,13 @@
 //! this process; no real transactions: `read_committed` and transactional offsets are
 //! accepted but not enforced) or noida-db (a second Kafka implementation with real
 //! transactions, run as a child process on a free loopback port with its own data
-//! directory, removed at the end).
+//! directory, removed at the end). `tally bench e2e` runs the embedded broker in a `tally
+//! broker` child process instead ([`Cluster::process`]), so that its CPU is its own.
 //!
 //! noida-db is installed by `scripts/ensure-noida.sh` (run from the repository root), or
 //! taken from `TALLY_NOIDA_BIN`.
 
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -46,6 +48,8 @@ pub enum Cluster {
     Embedded(Arc<EmbeddedBroker>),
     /// A noida-db child process.
     Noida(Noida),
+    /// The embedded broker in a `tally broker` child process.
+    Process(BrokerProcess),
 }
 
 impl Cluster {
@@ -60,12 +64,32 @@ impl Cluster {
         })
     }
 
+    /// The embedded broker (one broker) in a `tally broker` child process, its topics
+    /// created with `partitions` partitions, its log lines in `log`.
+    ///
+    /// # Errors
+    /// When the process cannot be started or does not announce its address within 30 s.
+    pub fn process(partitions: i32, log: &str) -> anyhow::Result<Self> {
+        Ok(Self::Process(BrokerProcess::start(partitions, log)?))
+    }
+
     /// Its `bootstrap.servers`.
     #[must_use]
     pub fn bootstrap(&self) -> String {
         match self {
             Self::Embedded(b) => b.bootstrap_servers().to_owned(),
             Self::Noida(n) => n.addr.to_string(),
+            Self::Process(p) => p.bootstrap.clone(),
+        }
+    }
+
+    /// The broker's process id when it runs in a process of its own.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Self::Embedded(_) => None,
+            Self::Noida(n) => Some(n.child.id()),
+            Self::Process(p) => Some(p.child.id()),
         }
     }
 
@@ -77,7 +101,7 @@ impl Cluster {
                 config.kafka.brokers = "embedded".into();
                 config.kafka.embedded_brokers = 1;
             }
-            Self::Noida(n) => config.kafka.brokers = n.addr.to_string(),
+            Self::Noida(_) | Self::Process(_) => config.kafka.brokers = self.bootstrap(),
         }
     }
 
@@ -87,7 +111,7 @@ impl Cluster {
     pub fn embedded(&self) -> Option<Arc<EmbeddedBroker>> {
         match self {
             Self::Embedded(b) => Some(Arc::clone(b)),
-            Self::Noida(_) => None,
+            Self::Noida(_) | Self::Process(_) => None,
         }
     }
 
@@ -154,6 +178,47 @@ impl Drop for Noida {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_file(self.dir.with_extension("log"));
+    }
+}
+
+/// `tally broker` as a child process (one broker on a random port), killed on drop.
+pub struct BrokerProcess {
+    child: Child,
+    bootstrap: String,
+}
+
+impl BrokerProcess {
+    fn start(partitions: i32, log: &str) -> anyhow::Result<Self> {
+        let env = [
+            ("TALLY__KAFKA__EMBEDDED_BROKERS", "1".to_owned()),
+            ("TALLY__KAFKA__REPLICATION_FACTOR", "1".to_owned()),
+            ("TALLY__KAFKA__PARTITIONS", partitions.to_string()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v));
+        let mut child = super::child::tally_child(&["broker", "--listen", "127.0.0.1:0"], env, log, Stdio::piped())?;
+        let stdout = child.stdout.take().context("no stdout from tally broker")?;
+        // It prints `bootstrap.servers=<list>` once its topics are ready; the thread reads
+        // its stdout to the end so that it never blocks on a full pipe.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(bootstrap) = line.strip_prefix("bootstrap.servers=") {
+                    let _ = tx.send(bootstrap.to_owned());
+                }
+            }
+        });
+        let mut broker = Self { child, bootstrap: String::new() };
+        broker.bootstrap = rx
+            .recv_timeout(Duration::from_secs(30))
+            .with_context(|| format!("tally broker announced no address within 30 s; its log: {log}"))?;
+        Ok(broker)
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -1,6 +1,12 @@
 //! `tally bench e2e`: HTTP load on the whole flow (intake -> outbox -> antifraud -> ledger
 //! -> outbox -> projection) with every pipeline in one daemon.
 //!
+//! The daemon is a `tally run` child process and the embedded broker a `tally broker` child
+//! process, both configured by `TALLY__*` variables over the bench's own; the bench itself
+//! is the HTTP load generator. So each phase can report the daemon's own CPU time per
+//! transfer that reached its final status ([`super::cpu`]), beside the broker's, the
+//! bench's and that of the PostgreSQL backends serving the bench's database.
+//!
 //! 1. A fixed offered rate (default 500/s) for a while: latency from the intake commit to
 //!    the projection's commit of the final status (`updated_at - created_at`), p50/p99.
 //! 2. Open loop at the maximum (many concurrent clients): sustained transfers/s from POST
@@ -9,22 +15,15 @@
 //!
 //! Each phase also reports where the time went, hop by hop ([`super::hops`]).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde::Serialize;
-use serde_json::json;
-use tokio::sync::Semaphore;
 
-use super::cluster::{Cluster, ClusterKind};
+use super::cluster::Cluster;
+use super::cpu::PhaseCpu;
 use super::sql;
-use super::{
-    account, connect as db, daemon_config, fresh_database, hops, peak_rss_mib, plot, quantile, wait_for_zero,
-    write_report, Progress,
-};
+use super::target::Target;
+use super::{fresh_database, hops, peak_rss_mib, plot, quantile, stamp, write_report};
 use crate::config::Config;
-use crate::DaemonHandle;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -32,6 +31,8 @@ pub struct Args {
     pub rate: u32,
     pub rate_seconds: u64,
     pub max_seconds: u64,
+    /// Seconds without load before the phases (the processes' idle CPU).
+    pub idle_seconds: u64,
     pub clients: usize,
     pub accounts: usize,
     /// The database (dropped and re-created).
@@ -62,6 +63,9 @@ pub struct Phase {
     /// The CDF of POST -> final status, for the plot.
     #[serde(skip)]
     pub final_cdf: Vec<(f64, f64)>,
+    /// CPU time per process from the first POST to the last final status (a daemon in a
+    /// child process only).
+    pub cpu: Option<PhaseCpu>,
 }
 
 #[derive(Debug, Serialize)]
@@ -69,8 +73,12 @@ pub struct Phase {
 struct Report {
     scenario: &'static str,
     accounts: usize,
+    /// CPU per process with no load, before the phases.
+    idle_cpu: Option<PhaseCpu>,
     phases: Vec<Phase>,
+    /// The bench's own (the load generator).
     peak_rss_mib: Option<f64>,
+    daemon_peak_rss_mib: Option<f64>,
     ledger_invariants_ok: bool,
 }
 
@@ -86,7 +94,7 @@ pub struct Load {
 }
 
 impl Load {
-    fn name(&self) -> String {
+    pub(super) fn name(&self) -> String {
         self.rate.map_or_else(|| format!("open loop, {} clients", self.clients), |r| format!("{r}/s offered"))
     }
 }
@@ -101,17 +109,30 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     }
     let runtime = super::runtime()?;
     let url = runtime.block_on(fresh_database(base, &args.database, args.accounts))?;
-    let cluster = Cluster::start(ClusterKind::Embedded)?;
-    eprintln!("e2e bench: starting a daemon with every pipeline");
-    let target = Target::start(daemon_config(base, &url, &cluster), &cluster, args.clients, args.accounts, &runtime)?;
+    let logs = ["broker", "daemon"].map(|p| format!("target/bench/e2e-{p}-{}.log", stamp()));
+    eprintln!("e2e bench: starting a broker and a daemon with every pipeline, each a process of its own");
+    let cluster = Cluster::process(base.kafka.partitions, &logs[0])?;
+    let target =
+        Target::spawn(base, (&url, &args.database), &cluster, (args.clients, args.accounts), &logs[1], &runtime)?;
+    let idle_cpu = runtime.block_on(target.idle(std::time::Duration::from_secs(args.idle_seconds)));
     let fixed = Load { rate: Some(args.rate), seconds: args.rate_seconds, clients: args.clients, limit: None };
     let open = Load { rate: None, seconds: args.max_seconds, clients: args.clients, limit: None };
     let phases = vec![runtime.block_on(target.load(&fixed))?, runtime.block_on(target.load(&open))?];
     let ledger_invariants_ok = runtime.block_on(target.ledger_ok())?;
-    target.daemon.stop();
-    let report =
-        Report { scenario: "e2e", accounts: args.accounts, phases, peak_rss_mib: peak_rss_mib(), ledger_invariants_ok };
+    let daemon_peak_rss_mib = target.pid().and_then(super::peak_rss_mib_of);
+    target.stop();
+    drop(cluster);
+    let report = Report {
+        scenario: "e2e",
+        accounts: args.accounts,
+        idle_cpu,
+        phases,
+        peak_rss_mib: peak_rss_mib(),
+        daemon_peak_rss_mib,
+        ledger_invariants_ok,
+    };
     print_table(&report);
+    println!("logs of the daemon and the broker: {}, {}", logs[1], logs[0]);
     let path = write_report("e2e", &report)?;
     println!("JSON: {}", path.display());
     for plot in plots("e2e", &report.phases.iter().collect::<Vec<_>>())? {
@@ -120,160 +141,9 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A daemon with every pipeline on a fresh database, warmed up: what the load phases POST
-/// to and measure.
-pub struct Target {
-    pub daemon: DaemonHandle,
-    url: String,
-    intake: String,
-    client: reqwest::Client,
-    accounts: usize,
-}
-
-impl Target {
-    /// Starts a daemon on `config` (its database fresh, from [`fresh_database`] with
-    /// `accounts` accounts) and `cluster`, and lets every consumer group join: one transfer
-    /// through every stage, then forgotten. The HTTP client keeps up to `clients`
-    /// connections.
-    ///
-    /// # Errors
-    /// When the daemon does not start or the first transfer does not reach a final status.
-    pub fn start(
-        config: Config,
-        cluster: &Cluster,
-        clients: usize,
-        accounts: usize,
-        runtime: &tokio::runtime::Runtime,
-    ) -> anyhow::Result<Self> {
-        let target = Self::unwarmed(config, cluster, clients, accounts)?;
-        runtime.block_on(async {
-            target.post(0).await?;
-            wait_final(&target.url, None, Duration::from_secs(120)).await?;
-            clear(&target.url).await
-        })?;
-        Ok(target)
-    }
-
-    /// [`Target::start`] without the warm-up transfer: for a daemon whose pipelines do not
-    /// take a transfer to a final status (the intake alone).
-    ///
-    /// # Errors
-    /// When the daemon does not start.
-    pub fn unwarmed(config: Config, cluster: &Cluster, clients: usize, accounts: usize) -> anyhow::Result<Self> {
-        let url = config.database.connect_url();
-        let daemon = crate::spawn(config, cluster.embedded())?;
-        let intake = format!("http://{}", daemon.intake_addr);
-        let client = reqwest::Client::builder().pool_max_idle_per_host(clients).build()?;
-        Ok(Self { daemon, url, intake, client, accounts })
-    }
-
-    async fn post(&self, n: usize) -> anyhow::Result<()> {
-        post(&self.client, &self.intake, n, self.accounts).await
-    }
-
-    /// Runs one load phase and measures it from the database; forgets its transfers after.
-    ///
-    /// # Errors
-    /// When a query fails or the transfers do not all reach a final status in 10 minutes.
-    pub async fn load(&self, load: &Load) -> anyhow::Result<Phase> {
-        let name = load.name();
-        eprintln!(
-            "e2e bench: {name} for {} s{}",
-            load.seconds,
-            load.limit.map_or(String::new(), |l| format!(" or {l} transfers"))
-        );
-        let (sent, mut post_ms, errors) = self.send(load, &name).await?;
-        post_ms.sort_by(f64::total_cmp);
-        let created = u64::try_from(sent - errors)?;
-        wait_final(&self.url, Some(created), Duration::from_secs(600)).await?;
-        let mut phase = measure(&db(&self.url).await?, name).await?;
-        clear(&self.url).await?;
-        phase.offered_per_second = load.rate;
-        phase.sent = sent;
-        phase.http_errors = errors;
-        phase.post_p50_ms = quantile(&post_ms, 0.5);
-        phase.post_p99_ms = quantile(&post_ms, 0.99);
-        Ok(phase)
-    }
-
-    /// POSTs for the phase; returns how many were sent, each one's latency in ms, and how
-    /// many failed.
-    pub(crate) async fn send(&self, load: &Load, name: &str) -> anyhow::Result<(usize, Vec<f64>, usize)> {
-        let permits = Arc::new(Semaphore::new(if load.rate.is_some() { 1_000 } else { load.clients }));
-        let started = Instant::now();
-        let until = started + Duration::from_secs(load.seconds);
-        let mut tasks = Vec::new();
-        let mut n = 0_usize;
-        let mut progress = match load.limit {
-            Some(limit) => Progress::bar(&format!("{name}: transfers sent"), limit as u64),
-            None => Progress::spinner(name),
-        };
-        while Instant::now() < until && load.limit.is_none_or(|l| n < l) {
-            if let Some(r) = load.rate {
-                let due = started + Duration::from_secs_f64(n as f64 / f64::from(r));
-                tokio::time::sleep_until(due.into()).await;
-            }
-            let permit = Arc::clone(&permits).acquire_owned().await.context("load permits")?;
-            let (client, intake, accounts) = (self.client.clone(), self.intake.clone(), self.accounts);
-            tasks.push(tokio::spawn(async move {
-                let sent = Instant::now();
-                let result = post(&client, &intake, n + 1, accounts).await;
-                drop(permit);
-                (sent.elapsed().as_secs_f64() * 1000.0, result.is_ok())
-            }));
-            n += 1;
-            progress.update(n as u64, || format!("sent {n}"));
-        }
-        progress.finish();
-        let mut post_ms = Vec::with_capacity(tasks.len());
-        let mut errors = 0;
-        for t in tasks {
-            let (ms, ok) = t.await?;
-            post_ms.push(ms);
-            errors += usize::from(!ok);
-        }
-        Ok((n, post_ms, errors))
-    }
-
-    /// Whether the ledger invariants hold (`/admin/ledger/check`).
-    ///
-    /// # Errors
-    /// When the admin endpoint does not answer JSON.
-    pub async fn ledger_ok(&self) -> anyhow::Result<bool> {
-        let check = super::http_get(&format!("http://{}/admin/ledger/check", self.daemon.admin_addr)).await?;
-        let check: serde_json::Value = serde_json::from_str(&check)?;
-        Ok(check["ok"] == true)
-    }
-}
-
-async fn post(client: &reqwest::Client, intake: &str, n: usize, accounts: usize) -> anyhow::Result<()> {
-    let (from, to) = super::pair(n, accounts);
-    let body = json!({
-        "sourceAccount": account(from), "destinationAccount": account(to),
-        "amountCents": 1 + (n % 500) as i64, "currency": "BRL",
-    });
-    let res = client.post(format!("{intake}/transfers")).json(&body).send().await?;
-    if res.status() != reqwest::StatusCode::CREATED {
-        bail!("POST /transfers answered {}", res.status());
-    }
-    Ok(())
-}
-
-/// Waits until no transfer is PENDING (a bar of the `total` created, when known).
-async fn wait_final(url: &str, total: Option<u64>, limit: Duration) -> anyhow::Result<()> {
-    let client = db(url).await?;
-    wait_for_zero(&client, sql::TRANSFERS_PENDING, "transfers finished", total, limit).await
-}
-
-/// Forgets finished transfers between phases (the measurements read `transfers`).
-async fn clear(url: &str) -> anyhow::Result<()> {
-    db(url).await?.batch_execute(sql::TRANSFERS_DELETE_FINISHED).await?;
-    Ok(())
-}
-
 /// The phase's figures from the finished transfers in the database (the POST figures are
 /// the caller's).
-async fn measure(client_db: &tokio_postgres::Client, name: String) -> anyhow::Result<Phase> {
+pub(super) async fn measure(client_db: &tokio_postgres::Client, name: String) -> anyhow::Result<Phase> {
     let row = client_db.query_one(sql::TRANSFERS_FINISHED_SPAN, &[]).await?;
     let finished: i64 = row.get(0);
     let span: f64 = row.get(1);
@@ -298,6 +168,7 @@ async fn measure(client_db: &tokio_postgres::Client, name: String) -> anyhow::Re
         hops,
         per_second,
         final_cdf: plot::cdf(&final_ms, 400),
+        cpu: None,
     })
 }
 
@@ -309,6 +180,12 @@ fn print_table(r: &Report) {
         "{:<26} {:>8} {:>7} {:>9} {:>12} {:>10} {:>10} {:>11} {:>11}",
         "phase", "sent", "errors", "finished", "final/s", "POST p50", "POST p99", "final p50", "final p99"
     );
+    if let Some(idle) = &r.idle_cpu {
+        println!("idle, no load");
+        for line in idle.lines() {
+            println!("{line}");
+        }
+    }
     for p in &r.phases {
         println!(
             "{:<26} {:>8} {:>7} {:>9} {:>12.0} {:>10} {:>10} {:>11} {:>11}",
@@ -325,9 +202,13 @@ fn print_table(r: &Report) {
         for line in hops::lines(&p.hops) {
             println!("{line}");
         }
+        for line in p.cpu.iter().flat_map(PhaseCpu::lines) {
+            println!("{line}");
+        }
     }
     println!(
-        "latencies in ms; peak RSS {} MiB; ledger invariants {}",
+        "latencies in ms; CPU: user + system time per transfer that reached a final status; peak RSS: daemon {} MiB, bench {} MiB; ledger invariants {}",
+        opt(r.daemon_peak_rss_mib),
         opt(r.peak_rss_mib),
         if r.ledger_invariants_ok { "ok" } else { "VIOLATED" }
     );

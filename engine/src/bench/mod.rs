@@ -10,6 +10,7 @@ pub mod baseline;
 mod child;
 pub mod cli;
 pub mod cluster;
+pub mod cpu;
 pub mod e2e;
 pub mod floor;
 pub mod hops;
@@ -22,6 +23,7 @@ pub mod scale;
 pub mod soak;
 pub mod sql;
 pub mod stages;
+pub mod target;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -107,6 +109,12 @@ pub async fn produce_all(
 #[must_use]
 pub fn peak_rss_mib() -> Option<f64> {
     proc_status_mib("self", "VmHWM")
+}
+
+/// Peak resident set size of process `pid` so far (VmHWM), in MiB.
+#[must_use]
+pub fn peak_rss_mib_of(pid: u32) -> Option<f64> {
+    proc_status_mib(&pid.to_string(), "VmHWM")
 }
 
 /// Resident set size of process `pid` now (VmRSS), in MiB; `None` once it is gone.

@@ -72,8 +72,9 @@ use anyhow::bail;
 use serde::Serialize;
 
 use super::cluster::{Cluster, ClusterKind};
-use super::e2e::{Load, Phase, Target};
+use super::e2e::{Load, Phase};
 use super::floor::{self, FloorReport};
+use super::target::Target;
 use super::{daemon_config, fresh_database, peak_rss_mib, write_report};
 use crate::config::{Config, PipelinesConfig};
 
@@ -324,7 +325,7 @@ fn end_to_end(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime, see
     let limit = if seed { args.seed_transfers } else { args.e2e_transfers };
     let load = Load { rate: None, seconds: args.seconds, clients: args.clients, limit: Some(limit) };
     let phase = runtime.block_on(target.load(&load));
-    target.daemon.stop();
+    target.stop();
     phase
 }
 

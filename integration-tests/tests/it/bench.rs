@@ -2,6 +2,7 @@
 //! clients use, at every size (a million accounts included); the per-hop breakdown reads
 //! the stages' times right; `tally bench stages` runs every stage and reports each;
 //! `tally bench soak` reports every window with a rate and the daemon's RSS; `tally bench
+//! e2e` reports the CPU time of its daemon and broker processes per transfer; `tally bench
 //! outbox` reports both modes; `tally bench floor` settles every transfer of both floors
 //! and leaves the ledger whole; every run writes its JSON, plots and log lines under its
 //! stamp, and keeps the log lines off stderr.
@@ -142,6 +143,36 @@ fn the_soak_bench_reports_every_window_with_a_rate_and_the_daemons_rss() {
     assert_eq!(windows.last().map(|w| w["records"].clone()), Some(serde_json::json!(3000)));
     assert!(report["maxRssMib"].as_f64().unwrap_or(0.0) > 0.0, "{report}");
     run.assert_drawn(&["soak-throughput", "soak-rss"]);
+    run.assert_logs_apart();
+}
+
+/// `tally bench e2e` at a tiny size through the binary (the daemon and the broker child
+/// processes of it, as in `make bench`): every phase reports the CPU time per final
+/// transfer of the daemon, the broker and the bench, and the daemon's threads; the idle
+/// time before them, the cores each kept busy. The daemons' log lines stay off stderr.
+/// Timings are never asserted.
+#[test]
+fn the_e2e_bench_reports_the_cpu_of_each_process_per_transfer() {
+    let args = "--rate 20 --rate-seconds 2 --max-seconds 2 --idle-seconds 1 --clients 4 --accounts 50";
+    let run = Bench::run("e2e", &args.split(' ').collect::<Vec<_>>(), "warn");
+    let report = run.report();
+    let idle = &report["idleCpu"];
+    assert!(idle["daemon"]["cores"].is_number() && idle["daemon"]["msPerTransfer"].is_null(), "{idle}");
+    let phases = report["phases"].as_array().expect("a list of phases");
+    assert_eq!(phases.len(), 2, "{report}");
+    for phase in phases {
+        assert!(phase["finished"].as_i64().unwrap_or(0) > 0, "{phase}");
+        let cpu = &phase["cpu"];
+        for process in ["daemon", "broker", "bench"] {
+            let used = &cpu[process];
+            assert!(used["ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{process}: {cpu}");
+            assert!(used["msPerTransfer"].is_number() && used["cores"].is_number(), "{process}: {cpu}");
+        }
+        assert!(cpu["daemon"]["ms"].as_f64().unwrap_or(0.0) > 0.0, "the daemon worked: {cpu}");
+        assert!(cpu["wallSeconds"].as_f64().unwrap_or(0.0) > 0.0, "{cpu}");
+        assert!(!cpu["daemonThreads"].as_array().expect("threads").is_empty(), "{cpu}");
+    }
+    assert_eq!(report["ledgerInvariantsOk"], true, "{report}");
     run.assert_logs_apart();
 }
 

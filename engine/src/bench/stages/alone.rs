@@ -14,8 +14,9 @@ use uuid::Uuid;
 
 use super::{Args, Stage, StageReport, HANDLER, NONE, POST};
 use crate::bench::cluster::Cluster;
-use crate::bench::e2e::{Load, Target};
+use crate::bench::e2e::Load;
 use crate::bench::sql;
+use crate::bench::target::Target;
 use crate::bench::{
     account, connect, daemon_config, fresh_database, histogram_quantile, http_get, ledger, outbox, pair, produce_all,
     quantile, wait_for_zero, Outgoing,
@@ -88,7 +89,7 @@ fn intake(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyh
     let started = Instant::now();
     let sent = runtime.block_on(target.send(&load, "intake alone"));
     let seconds = started.elapsed().as_secs_f64();
-    target.daemon.stop();
+    target.stop();
     let (sent, mut post_ms, errors) = sent?;
     if errors > 0 {
         bail!("intake alone: {errors} of {sent} POSTs failed");
