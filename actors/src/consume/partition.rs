@@ -155,8 +155,13 @@ impl PartitionConsumer {
         let key = record.routing_key().to_owned();
         let (worker, pending) = self.registry().checkout(&key);
         let message = Process { record: Arc::clone(&record), lease: self.lease.clone(), pending };
+        // `send` on a fresh clone of the address (`checkout` gives one per record) always
+        // queues the message: only a clone that already met a full mailbox returns a
+        // future that waits without asking to be woken. The stream below polls only the
+        // futures woken, so one such future would hold its record forever; a shared
+        // address per partition must not be reused here.
         let answer = worker.send(message);
-        // The receiving end lives as long as the actor, which owns this sender too.
+        // The receiving end lives in the actor's context as long as the actor does.
         let _ = self.handing.send(Box::pin(async move {
             let result = answer.await;
             Handed { record, key, worker, permit, result }
@@ -255,7 +260,8 @@ impl StreamHandler<Handed> for PartitionConsumer {
         }
     }
 
-    /// The actor owns the sending end, so this stream ends only as the actor stops.
+    /// Never called: the actor owns the sending end, so the stream does not end; it is
+    /// dropped with the actor.
     fn finished(&mut self, _: &mut Self::Context) {}
 }
 
