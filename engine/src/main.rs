@@ -13,13 +13,6 @@ use tally_engine::broker::{self, EmbeddedBroker};
 use tally_engine::{app, sd_notify, telemetry, topics, Config, KafkaEndpoint};
 use tracing::{error, info};
 
-/// mimalloc rather than the C library's allocator. Every record is a handful of short-lived
-/// allocations made on one thread and freed on another (the consumer's, a worker's, the
-/// producer's); glibc's arenas spent about a third of the daemon's own CPU on them under
-/// load (`make profile`), in `malloc`, `free` and their consolidation.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Debug, Parser)]
 #[command(
     name = "tally",
