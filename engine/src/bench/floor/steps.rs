@@ -14,9 +14,9 @@ use tally_schema::models::status;
 use tally_schema::EventType;
 use uuid::Uuid;
 
-use super::ledger::insert_outbox;
 use crate::bench::sql::floor as sql;
 use crate::bench::{account, pair};
+use tally_actors::store::outbox::insert_columns as insert_outbox;
 
 /// First key of the outbox's shard advisory locks, as the publisher takes them.
 const SHARD_LOCK_SPACE: i32 = 0x7461_6c6c;

@@ -1,47 +1,9 @@
-//! The statements of `tally bench floor` (`super::super::floor`): tally's own statements,
-//! copied from `tally_actors::store` with the same shapes and bind types, so the floor
-//! pays what PostgreSQL pays for them and nothing of tally's machinery. A change to one of
-//! tally's statements belongs here too (the module each is copied from is named).
-
-// The ledger's batch (`store::accounts`, `store::transfers`, `store::outbox`).
-
-/// `accounts::claim_inbox`: the inbox rows of `$1`, in id order; returns those inserted.
-pub const CLAIM_INBOX: &str = "INSERT INTO processed_transfers (transfer_id, outcome) \
-     SELECT id, 'PROCESSING' FROM unnest($1::uuid[]) AS id ORDER BY id \
-     ON CONFLICT (transfer_id) DO NOTHING RETURNING transfer_id";
-
-/// `accounts::lock`: the accounts `$1`, locked in id order.
-pub const LOCK_ACCOUNTS: &str = "SELECT id::text AS id, balance_cents, currency::text AS currency FROM accounts \
-     WHERE id = ANY($1) ORDER BY id FOR UPDATE";
-
-/// `transfers::load_known`: the intake's rows and antifraud's blocks of `$1`.
-pub const LOAD_KNOWN: &str = "SELECT u.id, t.source_account::text AS source_account, \
-            t.destination_account::text AS destination_account, \
-            t.amount_cents, t.currency::text AS currency, t.status::text AS status, \
-            COALESCE(d.outcome = 'BLOCKED', false) AS blocked \
-     FROM unnest($1::uuid[]) AS u(id) \
-     LEFT JOIN transfers t ON t.id = u.id \
-     LEFT JOIN antifraud_decisions d ON d.transfer_id = u.id \
-     WHERE t.id IS NOT NULL OR d.outcome = 'BLOCKED'";
-
-/// `accounts::insert_postings`.
-pub const INSERT_POSTINGS: &str = "INSERT INTO postings (transfer_id, account_id, kind, amount_cents) \
-     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[])";
-
-/// `accounts::set_balances`.
-pub const SET_BALANCES: &str = "UPDATE accounts AS a SET balance_cents = v.balance \
-     FROM unnest($1::text[], $2::bigint[]) AS v(id, balance) WHERE a.id = v.id";
-
-/// `accounts::set_outcomes`.
-pub const SET_OUTCOMES: &str = "UPDATE processed_transfers AS p SET outcome = v.outcome, reason = v.reason \
-     FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, outcome, reason) \
-     WHERE p.transfer_id = v.id";
-
-/// `outbox::insert_columns`.
-pub const INSERT_OUTBOX: &str = "INSERT INTO outbox_events (id, topic, key, event_type, payload, traceparent) \
-     SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])";
-
-// The intake (`store::transfers::create_transfers`; its outbox rows are [`INSERT_OUTBOX`]).
+//! The statements of `tally bench floor` (`super::super::floor`) that it does not take
+//! from tally itself: copies of tally's own statements from `tally_actors::store`, with the
+//! same shapes and bind types, so the floor pays what PostgreSQL pays for them and nothing
+//! of tally's machinery. A change to one of tally's statements belongs here too (the
+//! module each is copied from is named). The ledger's batch and outbox inserts are not
+//! copied: the floor calls `settle_batch` and `outbox::insert_columns` themselves.
 
 /// The intake's insert of PENDING transfers, idempotent per (client, key); returns every
 /// column of the rows written, as the intake does (diesel's multi-row `VALUES` there, the
