@@ -6,9 +6,9 @@ use chrono::{SubsecRound, Utc};
 use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel::QueryableByName;
 use diesel_async::scoped_futures::ScopedFutureExt;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use tally_actors::store::decisions::{Decision, ANALYZED};
-use tally_actors::store::outbox::{ClaimedOutboxEvent, OutboxColumns, SHARDS};
+use tally_actors::store::outbox::{self, ClaimedOutboxEvent, OutboxColumns};
 use tally_schema::events::{derived_event_id, TransferAnalyzed, TransferRequested};
 use tally_schema::models::status;
 use tally_schema::EventType;
@@ -16,10 +16,6 @@ use uuid::Uuid;
 
 use crate::bench::sql::floor as sql;
 use crate::bench::{account, pair};
-use tally_actors::store::outbox::insert_columns as insert_outbox;
-
-/// First key of the outbox's shard advisory locks, as the publisher takes them.
-const SHARD_LOCK_SPACE: i32 = 0x7461_6c6c;
 
 /// The rows the intake's insert returns (every column, as the intake reads them).
 #[derive(QueryableByName)]
@@ -93,7 +89,7 @@ pub async fn intake(
                     .bind::<Array<Text>, _>(&clients)
                     .load(conn)
                     .await?;
-                insert_outbox(conn, &events).await?;
+                outbox::insert_columns(conn, &events).await?;
                 Ok::<_, diesel::result::Error>(written.len())
             }
             .scope_boxed()
@@ -102,41 +98,23 @@ pub async fn intake(
     Ok(written)
 }
 
-#[derive(QueryableByName)]
-struct Shard {
-    #[diesel(sql_type = Integer)]
-    shard: i32,
-}
-
 /// One publisher transaction: half the free shards locked (`all`: every free one), up to
-/// `batch` of their rows claimed and marked published (the broker's part left out);
-/// returns the rows.
+/// `batch` of their rows claimed and marked published (the broker's part left out), by
+/// the publisher's own store functions; returns the rows.
 pub async fn claim(conn: &mut AsyncPgConnection, batch: usize, all: bool) -> anyhow::Result<Vec<ClaimedOutboxEvent>> {
     let limit = i64::try_from(batch)?;
     let claimed = conn
         .transaction(|conn| {
             async move {
-                let shards: Vec<i32> = diesel::sql_query(sql::LOCK_FREE_SHARDS)
-                    .bind::<Integer, _>(SHARDS)
-                    .bind::<Integer, _>(SHARD_LOCK_SPACE)
-                    .bind::<Integer, _>(if all { SHARDS } else { SHARDS / 2 })
-                    .load::<Shard>(conn)
-                    .await?
-                    .into_iter()
-                    .map(|s| s.shard)
-                    .collect();
+                let reach = if all { outbox::Reach::AllFree } else { outbox::Reach::Half };
+                let shards = outbox::lock_free_shards(conn, reach).await?;
                 if shards.is_empty() {
                     return Ok(Vec::new());
                 }
-                conn.batch_execute(sql::CLAIM_SETTING).await?;
-                let rows: Vec<ClaimedOutboxEvent> = diesel::sql_query(sql::CLAIM_PENDING)
-                    .bind::<Array<Integer>, _>(&shards)
-                    .bind::<BigInt, _>(limit)
-                    .load(conn)
-                    .await?;
+                let rows = outbox::claim_pending(conn, &shards, limit).await?;
                 let ids: Vec<Uuid> = rows.iter().map(|r| r.event.id).collect();
                 if !ids.is_empty() {
-                    diesel::sql_query(sql::MARK_PUBLISHED).bind::<Array<SqlUuid>, _>(&ids).execute(conn).await?;
+                    outbox::mark_published(conn, &ids).await?;
                 }
                 Ok::<_, diesel::result::Error>(rows)
             }

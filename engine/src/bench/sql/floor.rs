@@ -2,8 +2,9 @@
 //! from tally itself: copies of tally's own statements from `tally_actors::store`, with the
 //! same shapes and bind types, so the floor pays what PostgreSQL pays for them and nothing
 //! of tally's machinery. A change to one of tally's statements belongs here too (the
-//! module each is copied from is named). The ledger's batch and outbox inserts are not
-//! copied: the floor calls `settle_batch` and `outbox::insert_columns` themselves.
+//! module each is copied from is named). The ledger's batch, the outbox inserts and the
+//! publisher's claim are not copied: the floor calls `settle_batch` and the `outbox`
+//! store functions themselves.
 
 /// The intake's insert of PENDING transfers, idempotent per (client, key); returns every
 /// column of the rows written, as the intake does (diesel's multi-row `VALUES` there, the
@@ -17,34 +18,6 @@ pub const INSERT_TRANSFERS: &str = "INSERT INTO transfers (id, source_account, d
                idempotency_key, created_at, updated_at, client";
 
 // The outbox publisher (`store::outbox`).
-
-/// `outbox::lock_free_shards`: `$1` shards, lock space `$2`, at most `$3` of them.
-pub const LOCK_FREE_SHARDS: &str = "SELECT shard FROM (SELECT shard FROM generate_series(0, $1 - 1) AS shard \
-                        ORDER BY random()) AS s \
-     WHERE pg_try_advisory_xact_lock($2, shard) LIMIT $3";
-
-/// What `outbox::claim_pending` sets before its claim.
-pub const CLAIM_SETTING: &str = "SET LOCAL enable_bitmapscan = off";
-
-/// `outbox::claim_pending`: up to `$2` publishable rows of shards `$1`, in `seq` order.
-pub const CLAIM_PENDING: &str = "SELECT o.id, o.seq, o.topic, o.key, o.event_type, o.payload, o.traceparent, \
-            o.created_at, o.attempts, false AS parked, \
-            (SELECT EXISTS (SELECT 1 FROM outbox_events AS a \
-                            WHERE a.published_at IS NULL AND a.parked_at IS NOT NULL)) \
-            AND EXISTS (SELECT 1 FROM outbox_events AS p \
-                        WHERE p.published_at IS NULL AND p.parked_at IS NOT NULL \
-                          AND p.key = o.key AND p.topic = o.topic) AS behind_parked, \
-            (SELECT EXISTS (SELECT 1 FROM outbox_events AS a \
-                            WHERE a.published_at IS NULL AND a.parked_at IS NOT NULL)) AS any_parked \
-     FROM outbox_events AS o \
-     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND NOT o.held AND o.shard = ANY($1) \
-     ORDER BY o.seq LIMIT $2 FOR UPDATE OF o SKIP LOCKED";
-
-/// `outbox::mark_published` (diesel's `eq_any` is `= ANY($1)`).
-pub const MARK_PUBLISHED: &str =
-    "UPDATE outbox_events SET published_at = statement_timestamp() WHERE id = ANY($1::uuid[])";
-
-// Antifraud (`store::decisions`).
 
 /// `decisions::load`: the stored decisions of `$1`.
 pub const LOAD_DECISIONS: &str = "SELECT transfer_id, source_account::text AS source_account, \
