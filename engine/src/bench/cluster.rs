@@ -105,6 +105,20 @@ impl Cluster {
         }
     }
 
+    /// For a daemon of its own reaching the embedded broker in a `tally broker` process:
+    /// the variable that gives its consumers the fetch wait they get on an embedded broker
+    /// in their own process (that broker answers a fetch only when the wait is over, so the
+    /// wait is added to every hop; see [`crate::config::KafkaConfig::clients`]), unless
+    /// `base` sets one. `None` for any other cluster.
+    #[must_use]
+    pub fn mock_fetch_wait(&self, base: &Config) -> Option<(String, String)> {
+        let chosen = base.kafka.consumer.contains_key(crate::config::FETCH_WAIT_KEY);
+        (matches!(self, Self::Process(_)) && !chosen).then(|| {
+            let var = format!("TALLY__KAFKA__CONSUMER__{}", crate::config::FETCH_WAIT_KEY.to_uppercase());
+            (var, crate::config::EMBEDDED_FETCH_WAIT_MS.to_owned())
+        })
+    }
+
     /// The embedded broker, for [`crate::spawn`] (`None` for noida-db: the daemon connects
     /// to `kafka.brokers`).
     #[must_use]

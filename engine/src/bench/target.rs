@@ -98,6 +98,8 @@ impl Target {
             ("TALLY__HTTP__INTAKE_ADDR", intake.clone()),
         ]
         .map(|(k, v)| (k.to_owned(), v));
+        let mut env = env.to_vec();
+        env.extend(cluster.mock_fetch_wait(base));
         let mut daemon = Daemon::spawn(&env, log)?;
         runtime.block_on(daemon.ready(Duration::from_secs(120), log))?;
         let watched = Watched { daemon: Some(daemon.pid()), broker: cluster.pid(), database: database.to_owned() };

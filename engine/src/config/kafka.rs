@@ -70,7 +70,10 @@ impl Default for KafkaConfig {
 const GROUP_PROTOCOL_KEY: &str = "group.protocol";
 
 /// `fetch.wait.max.ms` of consumers on the embedded broker (see [`KafkaConfig::clients`]).
-const EMBEDDED_FETCH_WAIT_MS: &str = "5";
+pub const EMBEDDED_FETCH_WAIT_MS: &str = "5";
+
+/// librdkafka's name of a consumer's longest wait for an empty fetch.
+pub const FETCH_WAIT_KEY: &str = "fetch.wait.max.ms";
 
 impl KafkaConfig {
     /// The builder of every Kafka client's settings, with this configuration's
@@ -83,7 +86,7 @@ impl KafkaConfig {
     pub fn clients(&self, bootstrap: &str) -> tally_actors::kafka_clients::KafkaClients {
         let mut consumer = (*self.consumer).clone();
         if self.is_embedded() {
-            consumer.entry("fetch.wait.max.ms".into()).or_insert_with(|| EMBEDDED_FETCH_WAIT_MS.into());
+            consumer.entry(FETCH_WAIT_KEY.into()).or_insert_with(|| EMBEDDED_FETCH_WAIT_MS.into());
         }
         // Group members get it from the builder; readers, which join no group, stay classic.
         consumer.remove(GROUP_PROTOCOL_KEY);

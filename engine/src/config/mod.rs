@@ -42,7 +42,7 @@ pub use database::DatabaseConfig;
 pub use example::example_toml;
 pub use http::{AdminTls, ClientCert, HttpConfig, IntakeClientConfig, ListenerTls};
 pub use instance::{InstanceConfig, LogConfig, LogFormat};
-pub use kafka::{GroupProtocol, KafkaConfig, RECORD_OVERHEAD_BYTES};
+pub use kafka::{GroupProtocol, KafkaConfig, EMBEDDED_FETCH_WAIT_MS, FETCH_WAIT_KEY, RECORD_OVERHEAD_BYTES};
 pub use ledger::LedgerConfig;
 pub use notifications::NotificationsConfig;
 pub use orders::OrdersConfig;
