@@ -21,16 +21,21 @@
 //!    CURRENCY_MISMATCH, INSUFFICIENT_FUNDS, BALANCE_LIMIT_EXCEEDED (a credit past the
 //!    configured ceiling; arithmetic is checked) are committed rejections, not errors.
 //! 5. Set-based writes: postings (D and C), balances, outcomes, outbox events.
+//!
+//! Five round trips a batch: `BEGIN`; the inbox; the locks and the read of step 3, sent
+//! together; the four writes, sent together; `COMMIT` (see [`crate::store::Sent`]).
 
 use std::collections::HashSet;
 
 use diesel_async::scoped_futures::ScopedFutureExt;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
+use futures_util::future::try_join;
+use futures_util::{FutureExt, TryFutureExt};
 use tally_schema::events::TransferAnalyzed;
 use uuid::Uuid;
 
 use super::plan::{plan_batch, Effects};
-use crate::store::{accounts, outbox, transfers};
+use crate::store::{accounts, outbox, transfers, Sent};
 
 /// Rejection reasons of the ledger.
 pub mod reason {
@@ -113,20 +118,26 @@ pub async fn settle_batch(
                 .collect();
             account_ids.sort_unstable();
             account_ids.dedup();
-            let locked = accounts::lock(conn, &account_ids).await?;
-            let fresh_ids: Vec<Uuid> = ids.iter().copied().filter(|id| fresh.contains(id)).collect();
-            let known = if crate::faults::is_on(crate::faults::Fault::SkipInbox) {
+            let fresh_ids: Vec<Uuid> = if crate::faults::is_on(crate::faults::Fault::SkipInbox) {
                 // Broken on purpose (test builds only): nor is the intake's row consulted.
-                std::collections::HashMap::new()
+                Vec::new()
             } else {
-                transfers::load_known(conn, &fresh_ids).await?
+                ids.iter().copied().filter(|id| fresh.contains(id)).collect()
             };
+            // The lock and the read go in one round trip, and so do the four writes.
+            let (locked, known) =
+                try_join(accounts::lock(conn, &account_ids), transfers::load_known(conn, &fresh_ids)).await?;
             let plan = plan_batch(batch, &fresh, &known, locked, topics)
                 .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
-            accounts::insert_postings(conn, &plan.effects.postings).await?;
             let (changed, balances): (Vec<String>, Vec<i64>) = plan.changed_balances().unzip();
-            accounts::set_balances(conn, &changed, &balances).await?;
-            write_outcomes_and_events(conn, &plan.effects).await?;
+            try_join(
+                try_join(
+                    accounts::insert_postings(conn, &plan.effects.postings),
+                    accounts::set_balances(conn, &changed, &balances),
+                ),
+                write_outcomes_and_events(conn, &plan.effects),
+            )
+            .await?;
             Ok(plan.outcomes)
         }
         .scope_boxed()
@@ -134,11 +145,9 @@ pub async fn settle_batch(
     .await
 }
 
-/// The inbox outcomes and the outbox events of `effects`.
-pub async fn write_outcomes_and_events(
-    conn: &mut AsyncPgConnection,
-    effects: &Effects,
-) -> Result<(), diesel::result::Error> {
-    accounts::set_outcomes(conn, &effects.outcomes).await?;
-    outbox::insert_columns(conn, &effects.events).await
+/// The inbox outcomes and the outbox events of `effects`, sent together (one round trip).
+pub fn write_outcomes_and_events<'a>(conn: &mut AsyncPgConnection, effects: &'a Effects) -> Sent<'a, ()> {
+    try_join(accounts::set_outcomes(conn, &effects.outcomes), outbox::insert_columns(conn, &effects.events))
+        .map_ok(|((), ())| ())
+        .boxed()
 }

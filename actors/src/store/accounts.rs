@@ -9,9 +9,12 @@ use diesel::prelude::*;
 use diesel::sql_types::{Array, BigInt, Nullable, Text, Uuid as SqlUuid};
 use diesel::QueryableByName;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use futures_util::FutureExt;
 use tally_schema::models::{Account, Posting};
 use tally_schema::schema::{accounts, postings};
 use uuid::Uuid;
+
+use super::{unit, Sent};
 
 ///
 /// Creates an account; `None` when the id is taken.
@@ -96,18 +99,15 @@ struct InsertedId {
 ///
 /// # Errors
 /// Any database error.
-pub async fn claim_inbox(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<HashSet<Uuid>, diesel::result::Error> {
-    Ok(diesel::sql_query(
+pub fn claim_inbox<'a>(conn: &mut AsyncPgConnection, ids: &'a [Uuid]) -> Sent<'a, HashSet<Uuid>> {
+    let sent = diesel::sql_query(
         "INSERT INTO processed_transfers (transfer_id, outcome) \
          SELECT id, 'PROCESSING' FROM unnest($1::uuid[]) AS id ORDER BY id \
          ON CONFLICT (transfer_id) DO NOTHING RETURNING transfer_id",
     )
     .bind::<Array<SqlUuid>, _>(ids)
-    .load::<InsertedId>(conn)
-    .await?
-    .into_iter()
-    .map(|r| r.transfer_id)
-    .collect())
+    .load::<InsertedId>(conn);
+    async move { Ok(sent.await?.into_iter().map(|r| r.transfer_id).collect()) }.boxed()
 }
 
 /// Locks `ids` (`ORDER BY id FOR UPDATE`): every transaction locks in the same global
@@ -116,23 +116,20 @@ pub async fn claim_inbox(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<H
 ///
 /// # Errors
 /// Any database error.
-pub async fn lock(
-    conn: &mut AsyncPgConnection,
-    ids: &[String],
-) -> Result<HashMap<String, LockedAccount>, diesel::result::Error> {
-    if ids.is_empty() {
-        return Ok(HashMap::new());
+pub fn lock<'a>(conn: &mut AsyncPgConnection, ids: &'a [String]) -> Sent<'a, HashMap<String, LockedAccount>> {
+    let sent = (!ids.is_empty()).then(|| {
+        diesel::sql_query(
+            "SELECT id::text AS id, balance_cents, currency::text AS currency FROM accounts \
+             WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        )
+        .bind::<Array<Text>, _>(ids)
+        .load::<LockedAccount>(conn)
+    });
+    async move {
+        let Some(sent) = sent else { return Ok(HashMap::new()) };
+        Ok(sent.await?.into_iter().map(|a| (a.id.clone(), a)).collect())
     }
-    Ok(diesel::sql_query(
-        "SELECT id::text AS id, balance_cents, currency::text AS currency FROM accounts \
-         WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-    )
-    .bind::<Array<Text>, _>(ids)
-    .load::<LockedAccount>(conn)
-    .await?
-    .into_iter()
-    .map(|a| (a.id.clone(), a))
-    .collect())
+    .boxed()
 }
 
 /// Postings as columns, for one set-based insert.
@@ -149,47 +146,36 @@ pub struct PostingColumns {
 ///
 /// # Errors
 /// Any database error.
-pub async fn insert_postings(
-    conn: &mut AsyncPgConnection,
-    postings: &PostingColumns,
-) -> Result<(), diesel::result::Error> {
-    if postings.transfer_id.is_empty() {
-        return Ok(());
-    }
-    diesel::sql_query(
-        "INSERT INTO postings (transfer_id, account_id, kind, amount_cents) \
-         SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[])",
-    )
-    .bind::<Array<SqlUuid>, _>(&postings.transfer_id)
-    .bind::<Array<Text>, _>(&postings.account_id)
-    .bind::<Array<Text>, _>(&postings.kind)
-    .bind::<Array<BigInt>, _>(&postings.amount_cents)
-    .execute(conn)
-    .await?;
-    Ok(())
+pub fn insert_postings<'a>(conn: &mut AsyncPgConnection, postings: &'a PostingColumns) -> Sent<'a, ()> {
+    let sent = (!postings.transfer_id.is_empty()).then(|| {
+        diesel::sql_query(
+            "INSERT INTO postings (transfer_id, account_id, kind, amount_cents) \
+             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[])",
+        )
+        .bind::<Array<SqlUuid>, _>(&postings.transfer_id)
+        .bind::<Array<Text>, _>(&postings.account_id)
+        .bind::<Array<Text>, _>(&postings.kind)
+        .bind::<Array<BigInt>, _>(&postings.amount_cents)
+        .execute(conn)
+    });
+    unit(sent)
 }
 
 /// Sets each account's balance, in one statement.
 ///
 /// # Errors
 /// Any database error.
-pub async fn set_balances(
-    conn: &mut AsyncPgConnection,
-    ids: &[String],
-    balances: &[i64],
-) -> Result<(), diesel::result::Error> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    diesel::sql_query(
-        "UPDATE accounts AS a SET balance_cents = v.balance \
-         FROM unnest($1::text[], $2::bigint[]) AS v(id, balance) WHERE a.id = v.id",
-    )
-    .bind::<Array<Text>, _>(ids)
-    .bind::<Array<BigInt>, _>(balances)
-    .execute(conn)
-    .await?;
-    Ok(())
+pub fn set_balances<'a>(conn: &mut AsyncPgConnection, ids: &'a [String], balances: &'a [i64]) -> Sent<'a, ()> {
+    let sent = (!ids.is_empty()).then(|| {
+        diesel::sql_query(
+            "UPDATE accounts AS a SET balance_cents = v.balance \
+             FROM unnest($1::text[], $2::bigint[]) AS v(id, balance) WHERE a.id = v.id",
+        )
+        .bind::<Array<Text>, _>(ids)
+        .bind::<Array<BigInt>, _>(balances)
+        .execute(conn)
+    });
+    unit(sent)
 }
 
 /// Outcomes of the inbox rows as columns, for one set-based update.
@@ -205,22 +191,17 @@ pub struct OutcomeColumns {
 ///
 /// # Errors
 /// Any database error.
-pub async fn set_outcomes(
-    conn: &mut AsyncPgConnection,
-    outcomes: &OutcomeColumns,
-) -> Result<(), diesel::result::Error> {
-    if outcomes.transfer_id.is_empty() {
-        return Ok(());
-    }
-    diesel::sql_query(
-        "UPDATE processed_transfers AS p SET outcome = v.outcome, reason = v.reason \
-         FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, outcome, reason) \
-         WHERE p.transfer_id = v.id",
-    )
-    .bind::<Array<SqlUuid>, _>(&outcomes.transfer_id)
-    .bind::<Array<Text>, _>(&outcomes.outcome)
-    .bind::<Array<Nullable<Text>>, _>(&outcomes.reason)
-    .execute(conn)
-    .await?;
-    Ok(())
+pub fn set_outcomes<'a>(conn: &mut AsyncPgConnection, outcomes: &'a OutcomeColumns) -> Sent<'a, ()> {
+    let sent = (!outcomes.transfer_id.is_empty()).then(|| {
+        diesel::sql_query(
+            "UPDATE processed_transfers AS p SET outcome = v.outcome, reason = v.reason \
+             FROM unnest($1::uuid[], $2::text[], $3::text[]) AS v(id, outcome, reason) \
+             WHERE p.transfer_id = v.id",
+        )
+        .bind::<Array<SqlUuid>, _>(&outcomes.transfer_id)
+        .bind::<Array<Text>, _>(&outcomes.outcome)
+        .bind::<Array<Nullable<Text>>, _>(&outcomes.reason)
+        .execute(conn)
+    });
+    unit(sent)
 }

@@ -44,3 +44,23 @@ pub mod transfers;
 
 pub use connect::PgConnector;
 pub use pool::{build_pool, publish_pool_status, PgPool, PoolSettings, PooledConnection};
+
+/// A statement already sent, or about to be sent on the first poll: the future holds no
+/// borrow of the connection, so statements of one transaction that do not need each
+/// other's results can be awaited together and travel in one round trip (diesel-async
+/// pipelines futures polled at once on one connection; the server still runs them one
+/// after the other, in the order they were made). An error in one makes every later one
+/// fail too, and the transaction rolls back.
+pub type Sent<'a, T> = futures_util::future::BoxFuture<'a, Result<T, diesel::result::Error>>;
+
+/// A statement whose row count does not matter, or none at all (`None`: nothing to write).
+fn unit<'a>(sent: Option<futures_util::future::BoxFuture<'a, diesel::QueryResult<usize>>>) -> Sent<'a, ()> {
+    use futures_util::FutureExt;
+    async move {
+        if let Some(sent) = sent {
+            sent.await?;
+        }
+        Ok(())
+    }
+    .boxed()
+}

@@ -20,6 +20,8 @@ use tally_schema::models::{NewOutboxEvent, PendingOutboxEvent};
 use tally_schema::schema::outbox_events;
 use uuid::Uuid;
 
+use super::{unit, Sent};
+
 diesel::define_sql_function! {
     /// PostgreSQL's `statement_timestamp()`: when the current statement began.
     fn statement_timestamp() -> diesel::sql_types::Timestamptz;
@@ -54,23 +56,21 @@ pub struct OutboxColumns {
 ///
 /// # Errors
 /// Any database error.
-pub async fn insert_columns(conn: &mut AsyncPgConnection, rows: &OutboxColumns) -> Result<(), diesel::result::Error> {
-    if rows.id.is_empty() {
-        return Ok(());
-    }
-    diesel::sql_query(
-        "INSERT INTO outbox_events (id, topic, key, event_type, payload, traceparent) \
-         SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])",
-    )
-    .bind::<Array<diesel::sql_types::Uuid>, _>(&rows.id)
-    .bind::<Array<Text>, _>(&rows.topic)
-    .bind::<Array<Text>, _>(&rows.key)
-    .bind::<Array<Text>, _>(&rows.event_type)
-    .bind::<Array<Text>, _>(&rows.payload)
-    .bind::<Array<Nullable<Text>>, _>(&rows.traceparent)
-    .execute(conn)
-    .await?;
-    Ok(())
+pub fn insert_columns<'a>(conn: &mut AsyncPgConnection, rows: &'a OutboxColumns) -> Sent<'a, ()> {
+    let sent = (!rows.id.is_empty()).then(|| {
+        diesel::sql_query(
+            "INSERT INTO outbox_events (id, topic, key, event_type, payload, traceparent) \
+             SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])",
+        )
+        .bind::<Array<diesel::sql_types::Uuid>, _>(&rows.id)
+        .bind::<Array<Text>, _>(&rows.topic)
+        .bind::<Array<Text>, _>(&rows.key)
+        .bind::<Array<Text>, _>(&rows.event_type)
+        .bind::<Array<Text>, _>(&rows.payload)
+        .bind::<Array<Nullable<Text>>, _>(&rows.traceparent)
+        .execute(conn)
+    });
+    unit(sent)
 }
 
 #[derive(QueryableByName)]

@@ -10,6 +10,7 @@ use diesel::sql_types::{Array, BigInt, Nullable, Text, Uuid as SqlUuid};
 use diesel::QueryableByName;
 use diesel_async::scoped_futures::ScopedFutureExt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use futures_util::FutureExt;
 use tally_schema::events::{derived_event_id, TransferRequested};
 use tally_schema::models::{status, Transfer};
 use tally_schema::schema::transfers;
@@ -18,6 +19,7 @@ use uuid::Uuid;
 
 use super::idempotency;
 use super::outbox::{self, OutboxColumns};
+use super::Sent;
 
 /// A validated transfer request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -358,14 +360,9 @@ pub struct KnownTransfer {
 ///
 /// # Errors
 /// Any database error.
-pub async fn load_known(
-    conn: &mut AsyncPgConnection,
-    ids: &[Uuid],
-) -> Result<HashMap<Uuid, KnownTransfer>, diesel::result::Error> {
-    if ids.is_empty() {
-        return Ok(HashMap::new());
-    }
-    Ok(diesel::sql_query(
+pub fn load_known<'a>(conn: &mut AsyncPgConnection, ids: &'a [Uuid]) -> Sent<'a, HashMap<Uuid, KnownTransfer>> {
+    let sent = (!ids.is_empty()).then(|| {
+        diesel::sql_query(
         "SELECT u.id, t.source_account::text AS source_account, t.destination_account::text AS destination_account, \
                 t.amount_cents, t.currency::text AS currency, t.status::text AS status, \
                 COALESCE(d.outcome = 'BLOCKED', false) AS blocked \
@@ -374,10 +371,12 @@ pub async fn load_known(
          LEFT JOIN antifraud_decisions d ON d.transfer_id = u.id \
          WHERE t.id IS NOT NULL OR d.outcome = 'BLOCKED'",
     )
-    .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
-    .load::<KnownTransfer>(conn)
-    .await?
-    .into_iter()
-    .map(|k| (k.id, k))
-    .collect())
+        .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
+        .load::<KnownTransfer>(conn)
+    });
+    async move {
+        let Some(sent) = sent else { return Ok(HashMap::new()) };
+        Ok(sent.await?.into_iter().map(|k| (k.id, k)).collect())
+    }
+    .boxed()
 }
