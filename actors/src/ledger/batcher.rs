@@ -1,8 +1,10 @@
 //! `SettlementBatcher`: group commit. Account workers hand it their next transfer and await
 //! the outcome; it gathers requests from many accounts and settles them in one database
-//! transaction (a [`Settler`], by default [`settle_batch`]). A batch starts at once when no transaction is running,
-//! otherwise requests gather until a slot frees (or the batch is full), so batches grow with
-//! load. A batch that fails on a poison transfer (bad data: [`ErrorClass::Poison`]) is split
+//! transaction (a [`Settler`], by default [`settle_batch`]). A batch starts at once when no
+//! transaction is running, otherwise requests gather until a slot frees (or the batch is
+//! full), so batches grow with load; a batch takes only requests whose accounts no running
+//! batch holds ([`super::policy`]), so concurrent batches do not wait on each other's row
+//! locks. A batch that fails on a poison transfer (bad data: [`ErrorClass::Poison`]) is split
 //! in halves and retried, down to single transfers, so one bad transfer cannot sink the
 //! others; any other failure (a timeout, a deadlock, the database down) fails the batch
 //! whole, once, and every transfer is retried or waits under its own record's policy.
@@ -18,6 +20,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
+use super::policy::{account_key, take_free, FlushPolicy, HeldAccounts, OnRequest};
 use super::settle::{settle_batch, LedgerTopics, SettleOutcome, SettleRequest};
 use crate::metrics::Metrics;
 use crate::store::PgPool;
@@ -80,88 +83,6 @@ impl Settler for BatchSettler {
     }
 }
 
-/// When to start a batch and how large (plain state, unit-tested): a request starts a
-/// batch at once when no transaction is running or a full batch is waiting; otherwise it
-/// waits at most `linger` for others to join. Batches start while a slot is free.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FlushPolicy {
-    max_batch: usize,
-    /// The size batches start at now: halved after a batch failed on a timeout or another
-    /// transient error (its transfers come back together after the same backoff and would
-    /// form the same slow batch again), doubled back after each batch that committed.
-    cap: usize,
-    max_concurrent: usize,
-    running: usize,
-    pending: usize,
-    flush_scheduled: bool,
-}
-
-/// What to do after a request arrived.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnRequest {
-    /// Start what the free slots allow now.
-    FlushNow,
-    /// Flush after the linger (no flush was scheduled yet).
-    FlushLater,
-    /// A flush is already scheduled or a running batch will flush when it ends.
-    Wait,
-}
-
-impl FlushPolicy {
-    #[must_use]
-    pub fn new(max_batch: usize, max_concurrent: usize) -> Self {
-        Self {
-            max_batch: max_batch.max(1),
-            cap: max_batch.max(1),
-            max_concurrent: max_concurrent.max(1),
-            running: 0,
-            pending: 0,
-            flush_scheduled: false,
-        }
-    }
-
-    /// A request was queued.
-    pub fn on_request(&mut self) -> OnRequest {
-        self.pending += 1;
-        if self.running == 0 || self.pending >= self.max_batch {
-            OnRequest::FlushNow
-        } else if self.flush_scheduled {
-            OnRequest::Wait
-        } else {
-            self.flush_scheduled = true;
-            OnRequest::FlushLater
-        }
-    }
-
-    /// The scheduled flush is due.
-    pub fn on_linger(&mut self) {
-        self.flush_scheduled = false;
-    }
-
-    /// The size of the next batch to start, if a slot is free and requests wait; counts
-    /// the batch as running.
-    pub fn next_batch(&mut self) -> Option<usize> {
-        if self.running >= self.max_concurrent || self.pending == 0 {
-            return None;
-        }
-        let take = self.pending.min(self.cap);
-        self.pending -= take;
-        self.running += 1;
-        Some(take)
-    }
-
-    /// A batch of `size` finished; `transient` when it failed on a transient error.
-    pub fn on_batch_done(&mut self, size: usize, transient: bool) {
-        self.running = self.running.saturating_sub(1);
-        self.cap = match (transient, size) {
-            // One transfer alone says nothing about the size of the next batch.
-            (true, 0 | 1) => self.cap,
-            (true, size) => (size / 2).clamp(1, self.max_batch),
-            (false, _) => (self.cap * 2).min(self.max_batch),
-        };
-    }
-}
-
 pub struct SettlementBatcher {
     pool: PgPool,
     topics: LedgerTopics,
@@ -169,6 +90,8 @@ pub struct SettlementBatcher {
     settler: Arc<dyn Settler>,
     linger: Duration,
     policy: FlushPolicy,
+    /// The accounts of the running batches.
+    held: HeldAccounts,
     pending: VecDeque<(SettleRequest, oneshot::Sender<Result<SettleOutcome, SettleError>>)>,
 }
 
@@ -183,12 +106,19 @@ impl SettlementBatcher {
         linger: Duration,
     ) -> Self {
         let policy = FlushPolicy::new(settler.max_batch(), max_concurrent);
-        Self { pool, topics, metrics, settler, linger, policy, pending: VecDeque::new() }
+        Self { pool, topics, metrics, settler, linger, policy, held: HeldAccounts::default(), pending: VecDeque::new() }
     }
 
     fn flush(&mut self, ctx: &mut Context<Self>) {
-        while let Some(take) = self.policy.next_batch() {
-            let batch: Vec<_> = self.pending.drain(..take).collect();
+        while let Some(offered) = self.policy.next_batch() {
+            let (batch, accounts) = take_free(&mut self.pending, offered, &self.held, |(request, _)| {
+                [account_key(&request.transfer.source_account), account_key(&request.transfer.destination_account)]
+            });
+            self.policy.on_started(offered, batch.len());
+            if batch.is_empty() {
+                break;
+            }
+            self.held.hold(&accounts);
             let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
             self.metrics.settlement_batch_size.observe(requests.len() as f64);
             let (pool, topics, settler) = (self.pool.clone(), self.topics.clone(), Arc::clone(&self.settler));
@@ -202,6 +132,7 @@ impl SettlementBatcher {
                 transient
             };
             ctx.spawn(work.into_actor(self).map(move |transient, act, ctx| {
+                act.held.release(&accounts);
                 act.policy.on_batch_done(size, transient);
                 act.flush(ctx);
             }));
@@ -319,66 +250,5 @@ mod tests {
         assert!(splits(&error(ErrorClass::Poison)));
         assert!(!splits(&error(ErrorClass::Transient)), "a timeout, deadlock or serialization failure");
         assert!(!splits(&error(ErrorClass::Unavailable)), "the database down");
-    }
-
-    #[test]
-    fn an_idle_batcher_starts_at_once_and_a_busy_one_gathers() {
-        let mut p = FlushPolicy::new(3, 1);
-        assert_eq!(p.on_request(), OnRequest::FlushNow, "nothing running: no reason to wait");
-        assert_eq!(p.next_batch(), Some(1));
-        assert_eq!(p.next_batch(), None, "nothing left");
-        assert_eq!(p.on_request(), OnRequest::FlushLater, "one running: wait for others to join");
-        assert_eq!(p.on_request(), OnRequest::Wait, "a flush is already scheduled");
-        assert_eq!(p.next_batch(), None, "the only slot is taken");
-        assert_eq!(p.on_request(), OnRequest::FlushNow, "a full batch waits");
-        assert_eq!(p.next_batch(), None, "still no free slot");
-        p.on_batch_done(1, false);
-        assert_eq!(p.next_batch(), Some(3), "the slot freed: the three waiting go together");
-        p.on_linger();
-        assert_eq!(p.on_request(), OnRequest::FlushLater, "the linger fired, so a new one is scheduled");
-    }
-
-    #[test]
-    fn batches_start_while_slots_are_free_and_never_exceed_the_size() {
-        let mut p = FlushPolicy::new(2, 2);
-        for _ in 0..7 {
-            let _ = p.on_request();
-        }
-        assert_eq!((p.next_batch(), p.next_batch(), p.next_batch()), (Some(2), Some(2), None));
-        p.on_batch_done(1, false);
-        p.on_batch_done(1, false);
-        assert_eq!((p.next_batch(), p.next_batch(), p.next_batch()), (Some(2), Some(1), None));
-    }
-
-    #[test]
-    fn a_batch_that_failed_transiently_halves_the_next_and_commits_restore_it() {
-        let mut p = FlushPolicy::new(500, 1);
-        for _ in 0..600 {
-            p.on_request();
-        }
-        assert_eq!(p.next_batch(), Some(500));
-        p.on_batch_done(500, true);
-        assert_eq!(p.next_batch(), Some(100), "the rest, below the halved cap");
-        p.on_batch_done(100, true);
-        for _ in 0..400 {
-            p.on_request();
-        }
-        assert_eq!(p.next_batch(), Some(50), "halved again: not the same slow batch");
-        p.on_batch_done(50, false);
-        assert_eq!(p.next_batch(), Some(100), "doubled after a commit");
-        p.on_batch_done(100, false);
-        assert_eq!(p.next_batch(), Some(200), "doubled again, up to the configured size");
-        p.on_batch_done(2, true);
-        assert_eq!(p.next_batch(), Some(1), "at least one");
-        p.on_batch_done(1, true);
-        assert_eq!(p.next_batch(), Some(1), "a single transfer that failed leaves the size as it was");
-    }
-
-    #[test]
-    fn sizes_below_one_are_one() {
-        let mut p = FlushPolicy::new(0, 0);
-        let _ = p.on_request();
-        let _ = p.on_request();
-        assert_eq!((p.next_batch(), p.next_batch()), (Some(1), None));
     }
 }

@@ -3,6 +3,7 @@
 
 mod batcher;
 pub mod plan;
+pub mod policy;
 mod settle;
 
 pub use crate::store::invariants;
@@ -15,7 +16,8 @@ use tally_schema::events::TransferAnalyzed;
 use tally_schema::{headers, AccountId, Currency};
 use tracing::field::display;
 
-pub use batcher::{BatchSettler, FlushPolicy, OnRequest, Settle, SettleError, SettlementBatcher, Settler};
+pub use batcher::{BatchSettler, Settle, SettleError, SettlementBatcher, Settler};
+pub use policy::{FlushPolicy, OnRequest};
 pub use settle::{
     reason, settle_batch, write_outcomes_and_events, LedgerTopics, SettleOutcome, SettleRequest, REJECTED_KIND,
     SETTLED_KIND,

@@ -540,3 +540,102 @@ async fn inbox_claims_of_the_same_ids_in_opposite_orders_do_not_deadlock() {
     claimed.sort_unstable();
     assert_eq!(claimed, ids, "every id claimed once");
 }
+
+/// The daemon's settler, checking that no two batches it settles at once share an account,
+/// and counting how many run at once. Each batch waits a little before its transaction, so
+/// that batches overlap in time whenever the batcher lets them.
+#[derive(Default)]
+struct Running {
+    accounts: std::collections::HashSet<String>,
+    batches: usize,
+    most_at_once: usize,
+    shared: Vec<String>,
+}
+
+struct ExclusiveSettler {
+    inner: BatchSettler,
+    running: Arc<Mutex<Running>>,
+}
+
+impl Settler for ExclusiveSettler {
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+
+    fn settle<'a>(
+        &'a self,
+        conn: &'a mut diesel_async::AsyncPgConnection,
+        topics: &'a LedgerTopics,
+        batch: &'a [SettleRequest],
+    ) -> BoxFuture<'a, Result<Vec<SettleOutcome>, diesel::result::Error>> {
+        use futures_util::FutureExt;
+        let mine: std::collections::HashSet<String> = batch
+            .iter()
+            .flat_map(|r| [r.transfer.source_account.clone(), r.transfer.destination_account.clone()])
+            .collect();
+        {
+            let mut running = self.running.lock().expect("running");
+            let shared: Vec<String> = running.accounts.intersection(&mine).cloned().collect();
+            running.shared.extend(shared);
+            running.accounts.extend(mine.iter().cloned());
+            running.batches += 1;
+            running.most_at_once = running.most_at_once.max(running.batches);
+        }
+        async move {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            let result = self.inner.settle(conn, topics, batch).await;
+            let mut running = self.running.lock().expect("running");
+            running.accounts.retain(|a| !mine.contains(a));
+            running.batches -= 1;
+            result
+        }
+        .boxed()
+    }
+}
+
+/// Batches that run at once never share an account: a transfer whose account a running
+/// batch holds waits for the next batch instead of joining one that would wait in
+/// PostgreSQL for that batch's row locks (holding a connection and every lock it took
+/// before). Batches on other accounts still run alongside, and every transfer settles.
+#[actix::test]
+async fn batches_that_run_at_once_share_no_account() {
+    let db = TestDb::new().await;
+    let ids: Vec<String> = (0..6).map(|i| format!("X-{i}")).collect();
+    for id in &ids {
+        accounts(&db, &[(id.as_str(), 1_000_000, "BRL")]).await;
+    }
+    let pool = build_pool(&PoolSettings {
+        url: db.url().to_owned(),
+        max_size: 4,
+        statement_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(5),
+        application_name: "tally-test-batcher".into(),
+    })
+    .expect("pool");
+    let running = Arc::new(Mutex::new(Running::default()));
+    let settler = ExclusiveSettler { inner: BatchSettler { max_batch: 16 }, running: Arc::clone(&running) };
+    let topics = LedgerTopics { settled: "s".into(), rejected: "r".into(), max_balance_cents: i64::MAX / 4 };
+    let metrics = tally_actors::Metrics::new().expect("metrics");
+    let batcher = SettlementBatcher::new(pool, topics, metrics, Arc::new(settler), 4, Duration::from_millis(1)).start();
+    // Pairs that meet (0-1, 1-2, 2-3, ...) and pairs that do not (0-1 and 4-5).
+    let requests: Vec<SettleRequest> =
+        (0..120).map(|n| settle_request(&ids[n % 6], &ids[(n + 1 + n / 6 % 2 * 3) % 6], 1 + (n % 7) as i64)).collect();
+    let results = join_all(requests.iter().map(|r| batcher.send(Settle(r.clone())))).await;
+    for (i, result) in results.into_iter().enumerate() {
+        assert_eq!(result.expect("batcher alive"), Ok(SettleOutcome::Settled), "request {i}");
+    }
+    let (shared, most_at_once) = {
+        let running = running.lock().expect("running");
+        (running.shared.clone(), running.most_at_once)
+    };
+    assert!(shared.is_empty(), "batches ran at once on accounts {shared:?}");
+    assert!(most_at_once >= 2, "batches on other accounts run alongside ({most_at_once} at most)");
+    let mut expected: HashMap<&str, i64> = ids.iter().map(|id| (id.as_str(), 1_000_000)).collect();
+    for r in &requests {
+        *expected.get_mut(r.transfer.source_account.as_str()).expect("source") -= r.transfer.amount_cents;
+        *expected.get_mut(r.transfer.destination_account.as_str()).expect("destination") += r.transfer.amount_cents;
+    }
+    for id in &ids {
+        assert_eq!(balance(&db, id).await, expected[id.as_str()], "{id}");
+    }
+}
