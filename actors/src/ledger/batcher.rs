@@ -83,6 +83,9 @@ impl Settler for BatchSettler {
     }
 }
 
+/// Where a request's outcome goes.
+type Reply = oneshot::Sender<Result<SettleOutcome, SettleError>>;
+
 pub struct SettlementBatcher {
     pool: PgPool,
     topics: LedgerTopics,
@@ -92,7 +95,8 @@ pub struct SettlementBatcher {
     policy: FlushPolicy,
     /// The accounts of the running batches.
     held: HeldAccounts,
-    pending: VecDeque<(SettleRequest, oneshot::Sender<Result<SettleOutcome, SettleError>>)>,
+    /// Waiting requests, with their accounts' keys in [`HeldAccounts`].
+    pending: VecDeque<(SettleRequest, Reply, [u64; 2])>,
 }
 
 impl SettlementBatcher {
@@ -111,15 +115,13 @@ impl SettlementBatcher {
 
     fn flush(&mut self, ctx: &mut Context<Self>) {
         while let Some(offered) = self.policy.next_batch() {
-            let (batch, accounts) = take_free(&mut self.pending, offered, &self.held, |(request, _)| {
-                [account_key(&request.transfer.source_account), account_key(&request.transfer.destination_account)]
-            });
+            let (batch, accounts) = take_free(&mut self.pending, offered, &self.held, |(_, _, keys)| *keys);
             self.policy.on_started(offered, batch.len());
             if batch.is_empty() {
                 break;
             }
             self.held.hold(&accounts);
-            let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|(r, reply, _)| (r, reply)).unzip();
             self.metrics.settlement_batch_size.observe(requests.len() as f64);
             let (pool, topics, settler) = (self.pool.clone(), self.topics.clone(), Arc::clone(&self.settler));
             let size = requests.len();
@@ -160,7 +162,8 @@ impl Handler<Settle> for SettlementBatcher {
 
     fn handle(&mut self, msg: Settle, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        self.pending.push_back((msg.0, tx));
+        let keys = [account_key(&msg.0.transfer.source_account), account_key(&msg.0.transfer.destination_account)];
+        self.pending.push_back((msg.0, tx, keys));
         match self.policy.on_request() {
             OnRequest::FlushNow => self.flush(ctx),
             OnRequest::FlushLater => {

@@ -8,7 +8,7 @@
 //! global order, keep that correct.)
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 
 /// When to start a batch and how large (plain state, unit-tested): a request starts a
@@ -156,7 +156,10 @@ impl HeldAccounts {
 }
 
 /// Takes out of `waiting`, in order, up to `want` items whose accounts (`keys`) `held` does
-/// not hold; the others stay, in order. Returns them with their accounts, each once.
+/// not hold and no earlier waiting item needs; the others stay, in order. Returns them with
+/// their accounts, each once. (Without the second condition a transfer A -> B, skipped
+/// while B is held, could see later transfers take A, then B, for as long as both see
+/// traffic: each account is served first come, first served.)
 pub fn take_free<T>(
     waiting: &mut VecDeque<T>,
     want: usize,
@@ -166,13 +169,15 @@ pub fn take_free<T>(
     let mut taken = Vec::with_capacity(want.min(waiting.len()));
     let mut accounts = Vec::with_capacity(2 * taken.capacity());
     let mut kept = VecDeque::new();
+    let mut behind = HashSet::new();
     while taken.len() < want {
         let Some(item) = waiting.pop_front() else { break };
         let k = keys(&item);
-        if held.is_free(&k) {
+        if held.is_free(&k) && !k.iter().any(|a| behind.contains(a)) {
             accounts.extend(k);
             taken.push(item);
         } else {
+            behind.extend(k);
             kept.push_back(item);
         }
     }
@@ -267,6 +272,22 @@ mod tests {
         assert_eq!(taken, [("A", "B"), ("E", "A"), ("H", "I")], "A is free again; one batch may touch it twice");
         held.release(&accounts);
         assert!(held.is_empty());
+    }
+
+    #[test]
+    fn a_transfer_waiting_for_one_account_keeps_its_other_account_for_itself() {
+        // A -> B waits while B is held; later transfers on A may not take A meanwhile, or
+        // batches alternating on A and B would keep it waiting for as long as they come.
+        let pair = |t: &(&str, &str)| [account_key(t.0), account_key(t.1)];
+        let mut held = HeldAccounts::default();
+        held.hold(&[account_key("B")]);
+        let mut waiting: VecDeque<(&str, &str)> = [("A", "B"), ("A2", "A"), ("C", "D")].into();
+        let (taken, _) = take_free(&mut waiting, 10, &held, pair);
+        assert_eq!(taken, [("C", "D")], "A is promised to the transfer that waits for B");
+        assert_eq!(waiting, [("A", "B"), ("A2", "A")]);
+        held.release(&[account_key("B")]);
+        let (taken, _) = take_free(&mut waiting, 10, &held, pair);
+        assert_eq!(taken, [("A", "B"), ("A2", "A")], "B free: both go, in order");
     }
 
     #[test]

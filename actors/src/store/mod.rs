@@ -48,8 +48,8 @@ pub use pool::{build_pool, publish_pool_status, PgPool, PoolSettings, PooledConn
 /// A statement already sent, or about to be sent on the first poll: the future holds no
 /// borrow of the connection, so statements of one transaction that do not need each
 /// other's results can be awaited together and travel in one round trip (diesel-async
-/// pipelines futures polled at once on one connection; the server still runs them one
-/// after the other, in the order they were made). An error in one makes every later one
+/// pipelines futures polled at once on one connection; the server runs them one after
+/// the other, in the order they are first polled: `try_join`'s argument order). An error in one makes every later one
 /// fail too, and the transaction rolls back.
 pub type Sent<'a, T> = futures_util::future::BoxFuture<'a, Result<T, diesel::result::Error>>;
 

@@ -617,10 +617,15 @@ async fn batches_that_run_at_once_share_no_account() {
     let topics = LedgerTopics { settled: "s".into(), rejected: "r".into(), max_balance_cents: i64::MAX / 4 };
     let metrics = tally_actors::Metrics::new().expect("metrics");
     let batcher = SettlementBatcher::new(pool, topics, metrics, Arc::new(settler), 4, Duration::from_millis(1)).start();
-    // Pairs that meet (0-1, 1-2, 2-3, ...) and pairs that do not (0-1 and 4-5).
-    let requests: Vec<SettleRequest> =
-        (0..120).map(|n| settle_request(&ids[n % 6], &ids[(n + 1 + n / 6 % 2 * 3) % 6], 1 + (n % 7) as i64)).collect();
-    let results = join_all(requests.iter().map(|r| batcher.send(Settle(r.clone())))).await;
+    // Two groups of three accounts; transfers stay inside their group, where they meet.
+    let requests: Vec<SettleRequest> = (0..120)
+        .map(|n| {
+            let (group, k) = (n % 2 * 3, n / 2);
+            settle_request(&ids[group + k % 3], &ids[group + (k + 1) % 3], 1 + (n % 7) as i64)
+        })
+        .collect();
+    let all = join_all(requests.iter().map(|r| batcher.send(Settle(r.clone()))));
+    let results = tokio::time::timeout(Duration::from_secs(60), all).await.expect("every request answered");
     for (i, result) in results.into_iter().enumerate() {
         assert_eq!(result.expect("batcher alive"), Ok(SettleOutcome::Settled), "request {i}");
     }
