@@ -161,3 +161,7 @@ pub const WAL_AND_CHECKPOINTS: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_
 /// [`WAL_AND_CHECKPOINTS`] before PostgreSQL 17.
 pub const WAL_AND_CHECKPOINTS_BEFORE_17: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::float8, \
      checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter";
+
+/// Seconds from the first settlement transaction's start to the last one's.
+pub const SETTLED_SPAN: &str =
+    "SELECT EXTRACT(EPOCH FROM max(processed_at) - min(processed_at))::float8 FROM processed_transfers";
