@@ -409,6 +409,18 @@ async fn abrupt_stop_mid_stream_then_restart_loses_and_doubles_nothing() {
     ledger_check(&app).await;
 }
 
+/// A pool of four connections to `db` for a batcher under test.
+fn batcher_pool(db: &TestDb, statement_timeout: Duration) -> tally_actors::store::PgPool {
+    build_pool(&PoolSettings {
+        url: db.url().to_owned(),
+        max_size: 4,
+        statement_timeout,
+        connect_timeout: Duration::from_secs(5),
+        application_name: "tally-test-batcher".into(),
+    })
+    .expect("pool")
+}
+
 /// The daemon's settler, recording the size of every batch it is asked to settle.
 struct RecordingSettler {
     inner: BatchSettler,
@@ -462,14 +474,7 @@ async fn a_batch_that_times_out_fails_whole_and_is_not_split() {
     let tx = blocker.transaction().await.expect("begin");
     tx.execute("SELECT 1 FROM accounts WHERE id = 'H-A' FOR UPDATE", &[]).await.expect("lock H-A");
 
-    let pool = build_pool(&PoolSettings {
-        url: db.url().to_owned(),
-        max_size: 4,
-        statement_timeout: Duration::from_millis(300),
-        connect_timeout: Duration::from_secs(5),
-        application_name: "tally-test-batcher".into(),
-    })
-    .expect("pool");
+    let pool = batcher_pool(&db, Duration::from_millis(300));
     let sizes = Arc::new(Mutex::new(Vec::new()));
     let settler = RecordingSettler { inner: BatchSettler { max_batch: 64 }, sizes: Arc::clone(&sizes) };
     let topics = LedgerTopics { settled: "s".into(), rejected: "r".into(), max_balance_cents: 1_000_000 };
@@ -604,14 +609,7 @@ async fn batches_that_run_at_once_share_no_account() {
     for id in &ids {
         accounts(&db, &[(id.as_str(), 1_000_000, "BRL")]).await;
     }
-    let pool = build_pool(&PoolSettings {
-        url: db.url().to_owned(),
-        max_size: 4,
-        statement_timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(5),
-        application_name: "tally-test-batcher".into(),
-    })
-    .expect("pool");
+    let pool = batcher_pool(&db, Duration::from_secs(10));
     let running = Arc::new(Mutex::new(Running::default()));
     let settler = ExclusiveSettler { inner: BatchSettler { max_batch: 16 }, running: Arc::clone(&running) };
     let topics = LedgerTopics { settled: "s".into(), rejected: "r".into(), max_balance_cents: i64::MAX / 4 };
