@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use diesel_async::pooled_connection::deadpool::{Object, PoolError};
+use diesel_async::pooled_connection::deadpool::PoolError;
 use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -299,7 +299,7 @@ impl<B: Batch> Transactions<B> for Writer<B> {
                 Err(_) => {
                     // Its transaction may still be open, holding locks: close the connection
                     // (PostgreSQL rolls back at once) rather than leave it idle in the pool.
-                    drop(Object::take(conn));
+                    drop(deadpool::managed::Object::take(conn));
                     Attempt::Panicked
                 }
             }

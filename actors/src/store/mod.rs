@@ -43,7 +43,7 @@ pub mod transfer_list;
 pub mod transfers;
 
 pub use connect::PgConnector;
-pub use pool::{build_pool, publish_pool_status, PgPool, PoolSettings, PooledConnection};
+pub use pool::{build_pool, publish_pool_status, PgPool, PoolSettings, PooledConnection, VERIFY_AFTER};
 
 /// A statement already sent, or about to be sent on the first poll: the future holds no
 /// borrow of the connection, so statements of one transaction that do not need each

@@ -1,6 +1,7 @@
 //! Black-box tests of the database pools, one per stage: a stage that holds every
 //! connection of its pool leaves intake and the other stages theirs; `/metrics` shows each
-//! pool; `pg_stat_activity` names each pool's connections.
+//! pool; `pg_stat_activity` names each pool's connections; a connection is verified at
+//! checkout only after it sat idle.
 //!
 //! Broker: the embedded broker (librdkafka's mock cluster) of the harness. Database: a fresh
 //! PostgreSQL database per test.
@@ -154,4 +155,58 @@ async fn a_stage_holding_every_connection_of_its_pool_starves_no_other_stage() {
         }
     })
     .await;
+}
+
+/// The server process behind a connection of `pool`, and the connection.
+async fn checkout(pool: &tally_actors::store::PgPool) -> (i32, tally_actors::store::PooledConnection) {
+    use diesel::sql_types::Integer;
+    use diesel_async::RunQueryDsl;
+    let mut conn = pool.get().await.expect("a connection");
+    let pid = diesel::select(diesel::dsl::sql::<Integer>("pg_backend_pid()"))
+        .get_result::<i32>(&mut conn)
+        .await
+        .expect("a working connection");
+    (pid, conn)
+}
+
+/// The statement the server process `pid` ran last.
+async fn last_statement(db: &TestDb, pid: i32) -> String {
+    db.query("SELECT query FROM pg_stat_activity WHERE pid = $1", &[&pid]).await[0].get(0)
+}
+
+/// A connection checked out again at once goes straight to its next statement, without a
+/// `SELECT 1` first; one the server closed while it sat idle is replaced before anyone uses
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_is_verified_at_checkout_only_after_it_sat_idle() {
+    use tally_actors::store::{build_pool, PoolSettings, VERIFY_AFTER};
+    let db = TestDb::new().await;
+    let pool = build_pool(&PoolSettings {
+        url: db.url().to_owned(),
+        max_size: 1,
+        statement_timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(10),
+        application_name: "tally-test-pool".into(),
+    })
+    .expect("pool");
+    let (first, conn) = checkout(&pool).await;
+    drop(conn);
+    let conn = pool.get().await.expect("the same connection");
+    let last = last_statement(&db, first).await;
+    assert!(last.contains("pg_backend_pid"), "checked out again at once, its last statement is still ours: {last}");
+    drop(conn);
+
+    tokio::time::sleep(VERIFY_AFTER + Duration::from_millis(200)).await;
+    db.query("SELECT pg_terminate_backend($1)", &[&first]).await;
+    wait_until("the server ends the connection's process", Deadline::DEFAULT, || async {
+        let alive = db.scalar_i64("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&first]).await;
+        if alive == 0 {
+            Ok(())
+        } else {
+            Err("still running".to_owned())
+        }
+    })
+    .await;
+    let (second, _conn) = checkout(&pool).await;
+    assert_ne!(first, second, "a new connection replaced the one the server closed");
 }
