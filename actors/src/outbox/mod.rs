@@ -144,10 +144,16 @@ async fn publish_loop(
     // never waits for the poll interval just because its shard was in the other half. A
     // sweep during which a commit rang the bell is made again: its row may have been in a
     // shard another loop held with an older snapshot, and the ring woke that other loop,
-    // not this one.
+    // not this one. A claim that finds every shard held waits for a batch of this daemon to
+    // end instead of the next ring: the holders end with such sweeps themselves, and until
+    // one ends every claim would find the shards held again.
     let mut reach = Reach::Half;
     while !*stop.borrow() {
         let rings = wake.rings();
+        // Registered before the claim, so that a batch ending meanwhile is not missed.
+        let ended = wake.ended.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
         // A panic in a batch (a bug) costs that batch, not the loop: nothing it claimed was
         // marked, so it is claimed again after the backoff.
         let batch = match AssertUnwindSafe(relay.publish_batch(reach)).catch_unwind().await {
@@ -159,20 +165,24 @@ async fn publish_loop(
                 Err(OutboxError::Panicked(cause))
             }
         };
+        if !matches!(&batch, Ok(b) if b.no_free_shard) {
+            // Its shards are free again.
+            wake.ended.notify_waiters();
+        }
         let pause = match batch {
             Ok(batch) => {
                 waits.reset();
                 let rang = wake.rings() != rings;
-                let (next, pause) = next_claim(reach, batch.moved(), rang);
+                let (next, wait) = next_claim(reach, &batch, rang);
                 reach = next;
-                pause.then_some(settings.poll_interval)
+                (wait != Wait::No).then_some((wait, settings.poll_interval))
             }
             Err(e) => {
                 reach = Reach::Half;
                 let wait = waits.next_wait();
                 warn!(error = %e, code = e.code(), backoff_ms = wait.as_millis() as u64,
                       "Outbox batch failed; nothing was marked published, retrying after backoff.");
-                Some(wait)
+                Some((Wait::Ring, wait))
             }
         };
         if cleans && last_cleanup.elapsed() >= settings.cleanup_interval {
@@ -183,23 +193,31 @@ async fn publish_loop(
                 Err(e) => warn!(error = %e, "Outbox retention cleanup failed."),
             }
         }
-        if let Some(wait) = pause {
-            tokio::select! {
+        match pause {
+            None => {}
+            Some((Wait::Ring, wait)) => tokio::select! {
                 () = wake.notify.notified() => {}
                 () = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => {}
-            }
+            },
+            Some((_, wait)) => tokio::select! {
+                () = ended => {}
+                () = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => {}
+            },
         }
     }
 }
 
 /// What wakes the publish loops: the notification of every outbox commit rings it (see
 /// [`spawn_listener`]). A ring wakes one waiting loop, or the next loop to wait; and every
-/// ring is counted, so a loop can tell that one came while it was claiming.
+/// ring is counted, so a loop can tell that one came while it was claiming. A loop that
+/// found every shard held waits for another loop's batch to end instead.
 #[derive(Debug, Default)]
 pub struct Doorbell {
     notify: Notify,
     rings: AtomicU64,
+    ended: Notify,
 }
 
 impl Doorbell {
@@ -213,15 +231,33 @@ impl Doorbell {
     }
 }
 
-/// After a claim of `reach` that moved `published` rows (published, parked or held), during
-/// which the bell rang (`rang`) or not: the reach of the next claim, and whether to wait for
-/// a ring (or the poll interval) before it.
-fn next_claim(reach: Reach, published: usize, rang: bool) -> (Reach, bool) {
-    match (published, reach) {
-        (1.., _) => (Reach::Half, false),
-        (0, Reach::Half) => (Reach::AllFree, false),
-        (0, Reach::AllFree) if rang => (Reach::AllFree, false),
-        (0, Reach::AllFree) => (Reach::Half, true),
+/// What a loop waits for before its next claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// Nothing: it claims again at once.
+    No,
+    /// A ring, or the poll interval.
+    Ring,
+    /// Another loop's batch to end, or the poll interval.
+    BatchEnd,
+}
+
+/// After a claim of `reach` that did `batch`, during which the bell rang (`rang`) or not:
+/// the reach of the next claim, and what to wait for before it.
+///
+/// A claim that found every shard held waits for a batch to end. Each holder is in the
+/// middle of a batch, and a loop only ever waits after an empty sweep of every free shard
+/// during which no ring came (or after finding every shard held in its turn), so a row whose
+/// ring came before finds its publisher without this loop; claiming again at each ring
+/// would only spin on the database while the holder waits for the broker. A holder in
+/// another daemon ends no batch here: the poll interval bounds that wait.
+fn next_claim(reach: Reach, batch: &BatchOutcome, rang: bool) -> (Reach, Wait) {
+    match (batch.moved(), reach) {
+        (1.., _) => (Reach::Half, Wait::No),
+        (0, _) if batch.no_free_shard => (Reach::Half, Wait::BatchEnd),
+        (0, Reach::Half) => (Reach::AllFree, Wait::No),
+        (0, Reach::AllFree) if rang => (Reach::AllFree, Wait::No),
+        (0, Reach::AllFree) => (Reach::Half, Wait::Ring),
     }
 }
 
@@ -231,16 +267,28 @@ mod tests {
 
     #[test]
     fn a_loop_sleeps_only_after_an_empty_sweep_of_every_free_shard() {
+        let busy = BatchOutcome { published: 5, ..BatchOutcome::default() };
+        let empty = BatchOutcome::default();
         for rang in [false, true] {
             // Busy: keep sharing.
-            assert_eq!(next_claim(Reach::Half, 5, rang), (Reach::Half, false));
-            assert_eq!(next_claim(Reach::AllFree, 5, rang), (Reach::Half, false));
+            assert_eq!(next_claim(Reach::Half, &busy, rang), (Reach::Half, Wait::No));
+            assert_eq!(next_claim(Reach::AllFree, &busy, rang), (Reach::Half, Wait::No));
             // Nothing in this half: look at every free shard before sleeping.
-            assert_eq!(next_claim(Reach::Half, 0, rang), (Reach::AllFree, false));
+            assert_eq!(next_claim(Reach::Half, &empty, rang), (Reach::AllFree, Wait::No));
         }
         // An empty sweep sleeps, unless a commit rang meanwhile: then it sweeps again.
-        assert_eq!(next_claim(Reach::AllFree, 0, false), (Reach::Half, true));
-        assert_eq!(next_claim(Reach::AllFree, 0, true), (Reach::AllFree, false));
+        assert_eq!(next_claim(Reach::AllFree, &empty, false), (Reach::Half, Wait::Ring));
+        assert_eq!(next_claim(Reach::AllFree, &empty, true), (Reach::AllFree, Wait::No));
+    }
+
+    #[test]
+    fn a_loop_that_finds_every_shard_held_waits_for_a_batch_to_end() {
+        let all_held = BatchOutcome { no_free_shard: true, ..BatchOutcome::default() };
+        for (reach, rang) in
+            [(Reach::Half, false), (Reach::Half, true), (Reach::AllFree, false), (Reach::AllFree, true)]
+        {
+            assert_eq!(next_claim(reach, &all_held, rang), (Reach::Half, Wait::BatchEnd), "{reach:?}, rang: {rang}");
+        }
     }
 
     #[test]

@@ -60,12 +60,14 @@ impl OutboxError {
 }
 
 /// What one batch did: rows published, parked (refused by the broker, again or for the
-/// first time) and held (behind a parked row of their topic and key).
+/// first time) and held (behind a parked row of their topic and key); and whether it found
+/// every shard held by other publishers, so that it could claim nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchOutcome {
     pub published: usize,
     pub parked: usize,
     pub held: usize,
+    pub no_free_shard: bool,
 }
 
 impl BatchOutcome {
@@ -132,7 +134,7 @@ impl OutboxRelay {
                 async move {
                     let shards = outbox::lock_free_shards(conn, reach).await?;
                     if shards.is_empty() {
-                        return Ok(BatchOutcome::default());
+                        return Ok(BatchOutcome { no_free_shard: true, ..BatchOutcome::default() });
                     }
                     let claimed = outbox::claim_pending(conn, &shards, self.batch_size).await?;
                     // A claim that found rows says whether any row is parked: if none, none
@@ -172,6 +174,7 @@ impl OutboxRelay {
                         published: settled.published.len(),
                         parked: settled.parked.len(),
                         held: behind.len() + settled.held.len(),
+                        no_free_shard: false,
                     })
                 }
                 .scope_boxed()

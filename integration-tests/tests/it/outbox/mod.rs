@@ -295,6 +295,49 @@ async fn every_committed_row_is_published_on_its_notification_not_at_the_next_po
     }
 }
 
+// Broker: embedded mock cluster, every broker answering 40 ms late while rows are
+// published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_committed_while_every_shard_is_held_are_published_without_the_poll() {
+    // Three loops and a slow broker: a claim holds its shards while it waits for the broker,
+    // a sweep holds every free one, and a loop that a commit wakes meanwhile often finds none
+    // free and waits. The poll is ten minutes away, so only the holders' own sweeps can get
+    // the rows committed meanwhile out.
+    let (env, _app) = spawn_app(|c| {
+        tally_integration_tests::run_only(c, &["outbox"]);
+        c.outbox.poll_interval = std::time::Duration::from_secs(600);
+        c.outbox.concurrency = 3;
+    })
+    .await;
+    let brokers = 1..=env.broker.broker_count();
+    for id in brokers.clone() {
+        env.broker.set_rtt(id, std::time::Duration::from_millis(40)).expect("broker latency");
+    }
+    let insert = "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+                  VALUES (gen_random_uuid(), $1, $2, 'TransferRequested', $3)";
+    // Bursts of rows from four committers, a row per transaction at uneven gaps, each burst
+    // published before the next: the end of a burst is where a row committed during a
+    // holder's claim has no later commit to wake a loop for it.
+    for burst in 0..30_u64 {
+        let committers = (0..4_u64).map(|c| {
+            let db = &env.db;
+            async move {
+                for i in 0..4_u64 {
+                    let key = format!("held-{burst}-{c}-{i}");
+                    db.execute(insert, &[&TOPIC, &key, &format!(r#"{{"n":{i}}}"#)]).await;
+                    tokio::time::sleep(std::time::Duration::from_millis((i * 7 + c + burst) % 10)).await;
+                }
+            }
+        });
+        futures_util::future::join_all(committers).await;
+        wait_until_no_pending(&env.db, Deadline::secs(20)).await;
+    }
+    assert_eq!(env.db.count("outbox_events").await, 30 * 16);
+    for id in brokers {
+        env.broker.set_rtt(id, std::time::Duration::ZERO).expect("broker latency");
+    }
+}
+
 // Broker: embedded mock cluster, every broker answering 300 ms late while the row is
 // published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
