@@ -145,8 +145,10 @@ async fn publish_loop(
     // sweep during which a commit rang the bell is made again: its row may have been in a
     // shard another loop held with an older snapshot, and the ring woke that other loop,
     // not this one. A claim that finds every shard held waits for a batch of this daemon to
-    // end instead of the next ring: the holders end with such sweeps themselves, and until
-    // one ends every claim would find the shards held again.
+    // end rather than for the next ring: the holders end with such sweeps themselves, and
+    // until one ends every claim would find the shards held again. Only a ring's row in the
+    // shards of a daemon that does not hear the bell (its listener down) needs this loop:
+    // it claims again `HELD_RETRY` after a ring.
     let mut reach = Reach::Half;
     while !*stop.borrow() {
         let rings = wake.rings();
@@ -165,8 +167,10 @@ async fn publish_loop(
                 Err(OutboxError::Panicked(cause))
             }
         };
-        if !matches!(&batch, Ok(b) if b.no_free_shard) {
-            // Its shards are free again.
+        // Its shards are free again, unless it held none, or it panicked: then its
+        // connection went back to the pool with the transaction still open, and the locks
+        // go only when the pool discards it.
+        if !matches!(&batch, Ok(BatchOutcome { no_free_shard: true, .. }) | Err(OutboxError::Panicked(_))) {
             wake.ended.notify_waiters();
         }
         let pause = match batch {
@@ -202,6 +206,10 @@ async fn publish_loop(
             },
             Some((_, wait)) => tokio::select! {
                 () = ended => {}
+                () = async {
+                    wake.notify.notified().await;
+                    tokio::time::sleep(HELD_RETRY).await;
+                } => {}
                 () = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => {}
             },
@@ -212,7 +220,7 @@ async fn publish_loop(
 /// What wakes the publish loops: the notification of every outbox commit rings it (see
 /// [`spawn_listener`]). A ring wakes one waiting loop, or the next loop to wait; and every
 /// ring is counted, so a loop can tell that one came while it was claiming. A loop that
-/// found every shard held waits for another loop's batch to end instead.
+/// found every shard held also wakes when another loop's batch ends (`ended`).
 #[derive(Debug, Default)]
 pub struct Doorbell {
     notify: Notify,
@@ -231,6 +239,10 @@ impl Doorbell {
     }
 }
 
+/// How soon after a ring a loop that found every shard held claims again, when no batch of
+/// its own daemon ended first.
+const HELD_RETRY: Duration = Duration::from_millis(20);
+
 /// What a loop waits for before its next claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
@@ -238,7 +250,7 @@ enum Wait {
     No,
     /// A ring, or the poll interval.
     Ring,
-    /// Another loop's batch to end, or the poll interval.
+    /// Another loop's batch to end, a ring and then `HELD_RETRY`, or the poll interval.
     BatchEnd,
 }
 
@@ -250,7 +262,9 @@ enum Wait {
 /// during which no ring came (or after finding every shard held in its turn), so a row whose
 /// ring came before finds its publisher without this loop; claiming again at each ring
 /// would only spin on the database while the holder waits for the broker. A holder in
-/// another daemon ends no batch here: the poll interval bounds that wait.
+/// another daemon ends no batch here, and one whose daemon does not hear the bell (its
+/// listener down) does not sweep again for a ring's row: a ring is followed by another
+/// claim after `HELD_RETRY`.
 fn next_claim(reach: Reach, batch: &BatchOutcome, rang: bool) -> (Reach, Wait) {
     match (batch.moved(), reach) {
         (1.., _) => (Reach::Half, Wait::No),
