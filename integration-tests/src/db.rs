@@ -58,6 +58,29 @@ impl TestDb {
         &self.name
     }
 
+    /// A pool of the daemon's kind on this database, for a stage under test: at most
+    /// `max_size` connections named `application_name`, statements cut at
+    /// `statement_timeout`, connections given 5 s.
+    ///
+    /// # Panics
+    /// When the pool cannot be built (a test set-up error).
+    #[must_use]
+    pub fn pool(
+        &self,
+        max_size: usize,
+        statement_timeout: std::time::Duration,
+        application_name: &str,
+    ) -> tally_actors::store::PgPool {
+        tally_actors::store::build_pool(&tally_actors::store::PoolSettings {
+            url: self.url.clone(),
+            max_size,
+            statement_timeout,
+            connect_timeout: std::time::Duration::from_secs(5),
+            application_name: application_name.to_owned(),
+        })
+        .expect("a pool on the test database")
+    }
+
     /// The harness's own client (autocommit). Use [`TestDb::connect`] for a connection
     /// that holds a transaction open.
     #[must_use]

@@ -21,7 +21,6 @@ use tally_actors::ledger::{
     BatchSettler, LedgerTopics, Settle, SettleError, SettleOutcome, SettleRequest, SettlementBatcher, Settler,
 };
 use tally_actors::store::accounts::claim_inbox;
-use tally_actors::store::{build_pool, PoolSettings};
 use tally_actors::supervise::ErrorClass;
 use tally_engine::config::RetryConfig;
 use tally_integration_tests::{
@@ -411,14 +410,7 @@ async fn abrupt_stop_mid_stream_then_restart_loses_and_doubles_nothing() {
 
 /// A pool of four connections to `db` for a batcher under test.
 fn batcher_pool(db: &TestDb, statement_timeout: Duration) -> tally_actors::store::PgPool {
-    build_pool(&PoolSettings {
-        url: db.url().to_owned(),
-        max_size: 4,
-        statement_timeout,
-        connect_timeout: Duration::from_secs(5),
-        application_name: "tally-test-batcher".into(),
-    })
-    .expect("pool")
+    db.pool(4, statement_timeout, "tally-test-batcher")
 }
 
 /// The daemon's settler, recording the size of every batch it is asked to settle.

@@ -446,15 +446,7 @@ fn settled_record(offset: i64) -> std::sync::Arc<tally_actors::consume::Record> 
 /// A notifier on `db` and the broker at `bootstrap`, delivering to `url` with one retry
 /// topic (`transfers.settled-retry-1000`), started on the current actix system.
 fn start_notifier(db: &tally_integration_tests::TestDb, bootstrap: &str, url: &str) -> tally_actors::notify::Notifier {
-    use tally_actors::store::{build_pool, PoolSettings};
-    let pool = build_pool(&PoolSettings {
-        url: db.url().to_owned(),
-        max_size: 3,
-        statement_timeout: Duration::from_secs(30),
-        connect_timeout: Duration::from_secs(5),
-        application_name: "notifier-under-test".into(),
-    })
-    .expect("pool");
+    let pool = db.pool(3, Duration::from_secs(30), "notifier-under-test");
     let metrics = tally_actors::Metrics::new().expect("metrics");
     let producer = tally_integration_tests::producer(bootstrap);
     let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -179,16 +179,9 @@ async fn last_statement(db: &TestDb, pid: i32) -> String {
 /// idle is replaced before anyone uses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_is_verified_at_checkout_only_after_it_sat_idle() {
-    use tally_actors::store::{build_pool, PoolSettings, VERIFY_AFTER};
+    use tally_actors::store::VERIFY_AFTER;
     let db = TestDb::new().await;
-    let pool = build_pool(&PoolSettings {
-        url: db.url().to_owned(),
-        max_size: 1,
-        statement_timeout: Duration::from_secs(10),
-        connect_timeout: Duration::from_secs(10),
-        application_name: "tally-test-pool".into(),
-    })
-    .expect("pool");
+    let pool = db.pool(1, Duration::from_secs(10), "tally-test-pool");
     let (first, conn) = checkout(&pool).await;
     drop(conn);
     // Two checkouts within the window (a machine too loaded for that gets a few tries).

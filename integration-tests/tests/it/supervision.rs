@@ -197,19 +197,9 @@ async fn a_read_only_database_degrades_the_ledger_and_dead_letters_nothing() {
 /// statement showed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dependency_probe_fails_on_a_read_only_database() {
-    use tally_actors::store::{build_pool, PoolSettings};
     use tally_actors::supervise::{DependencyProbe, PROBE_FRESH};
     let db = tally_integration_tests::TestDb::new().await;
-    let pool = || {
-        build_pool(&PoolSettings {
-            url: db.url().to_owned(),
-            max_size: 1,
-            statement_timeout: std::time::Duration::from_secs(5),
-            connect_timeout: std::time::Duration::from_secs(5),
-            application_name: "tally-probe-test".into(),
-        })
-        .expect("pool")
-    };
+    let pool = || db.pool(1, std::time::Duration::from_secs(5), "tally-probe-test");
     let probe = DependencyProbe::new("ledger", pool());
     assert_eq!(probe.check().await, Ok(()));
     assert_eq!(db.count("heartbeats").await, 1, "the probe wrote its heartbeat");
