@@ -504,7 +504,18 @@ async fn rows_held_behind_a_parked_row_are_not_read_by_later_claims() {
         }
     }
     assert_eq!(held, 5_000, "every row behind the parked one is held");
-    let (blocks, claimed) = blocks_read_by_a_claim(&mut conn).await;
-    assert_eq!(claimed, 5, "the other keys' rows are claimed, none of the held ones");
-    assert!(blocks < 20, "a claim read {blocks} heap blocks: the held rows (on ~100 pages) again");
+    // A claim marks an index entry dead only once no open transaction anywhere on the
+    // server may still see its row, and another test's transactions can hold that back
+    // for a moment: claims are measured until one reads fewer than 20 blocks.
+    let mut read = Vec::new();
+    for _ in 0..20 {
+        let (blocks, claimed) = blocks_read_by_a_claim(&mut conn).await;
+        assert_eq!(claimed, 5, "the other keys' rows are claimed, none of the held ones");
+        read.push(blocks);
+        if blocks < 20 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("claims read {read:?} heap blocks: the held rows (on ~100 pages) again and again");
 }
