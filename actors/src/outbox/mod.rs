@@ -173,20 +173,20 @@ async fn publish_loop(
         if !matches!(&batch, Ok(BatchOutcome { no_free_shard: true, .. }) | Err(OutboxError::Panicked(_))) {
             wake.ended.notify_waiters();
         }
-        let pause = match batch {
+        let (wait, timeout) = match batch {
             Ok(batch) => {
                 waits.reset();
                 let rang = wake.rings() != rings;
                 let (next, wait) = next_claim(reach, &batch, rang);
                 reach = next;
-                (wait != Wait::No).then_some((wait, settings.poll_interval))
+                (wait, settings.poll_interval)
             }
             Err(e) => {
                 reach = Reach::Half;
                 let wait = waits.next_wait();
                 warn!(error = %e, code = e.code(), backoff_ms = wait.as_millis() as u64,
                       "Outbox batch failed; nothing was marked published, retrying after backoff.");
-                Some((Wait::Ring, wait))
+                (Wait::Ring, wait)
             }
         };
         if cleans && last_cleanup.elapsed() >= settings.cleanup_interval {
@@ -197,20 +197,20 @@ async fn publish_loop(
                 Err(e) => warn!(error = %e, "Outbox retention cleanup failed."),
             }
         }
-        match pause {
-            None => {}
-            Some((Wait::Ring, wait)) => tokio::select! {
+        match wait {
+            Wait::No => {}
+            Wait::Ring => tokio::select! {
                 () = wake.notify.notified() => {}
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep(timeout) => {}
                 _ = stop.changed() => {}
             },
-            Some((_, wait)) => tokio::select! {
+            Wait::BatchEnd => tokio::select! {
                 () = ended => {}
                 () = async {
                     wake.notify.notified().await;
                     tokio::time::sleep(HELD_RETRY).await;
                 } => {}
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep(timeout) => {}
                 _ = stop.changed() => {}
             },
         }

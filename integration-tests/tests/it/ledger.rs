@@ -408,11 +408,6 @@ async fn abrupt_stop_mid_stream_then_restart_loses_and_doubles_nothing() {
     ledger_check(&app).await;
 }
 
-/// A pool of four connections to `db` for a batcher under test.
-fn batcher_pool(db: &TestDb, statement_timeout: Duration) -> tally_actors::store::PgPool {
-    db.pool(4, statement_timeout, "tally-test-batcher")
-}
-
 /// The daemon's settler, recording the size of every batch it is asked to settle.
 struct RecordingSettler {
     inner: BatchSettler,
@@ -466,7 +461,7 @@ async fn a_batch_that_times_out_fails_whole_and_is_not_split() {
     let tx = blocker.transaction().await.expect("begin");
     tx.execute("SELECT 1 FROM accounts WHERE id = 'H-A' FOR UPDATE", &[]).await.expect("lock H-A");
 
-    let pool = batcher_pool(&db, Duration::from_millis(300));
+    let pool = db.pool(4, Duration::from_millis(300), "tally-test-batcher");
     let sizes = Arc::new(Mutex::new(Vec::new()));
     let settler = RecordingSettler { inner: BatchSettler { max_batch: 64 }, sizes: Arc::clone(&sizes) };
     let topics = LedgerTopics { settled: "s".into(), rejected: "r".into(), max_balance_cents: 1_000_000 };
@@ -601,7 +596,7 @@ async fn batches_that_run_at_once_share_no_account() {
     for id in &ids {
         accounts(&db, &[(id.as_str(), 1_000_000, "BRL")]).await;
     }
-    let pool = batcher_pool(&db, Duration::from_secs(10));
+    let pool = db.pool(4, Duration::from_secs(10), "tally-test-batcher");
     let running = Arc::new(Mutex::new(Running::default()));
     let settler = ExclusiveSettler { inner: BatchSettler { max_batch: 16 }, running: Arc::clone(&running) };
     let topics = LedgerTopics { settled: "s".into(), rejected: "r".into(), max_balance_cents: i64::MAX / 4 };
