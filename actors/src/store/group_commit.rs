@@ -4,7 +4,9 @@
 //! tasks take turns at the queue: each takes whatever is waiting (at least one item, at
 //! most `max_batch`), writes it in one transaction through [`Batch::write`] and answers
 //! every caller once it has committed. Under light load a batch is one item and nothing
-//! waits for company; under load one transaction serves many callers.
+//! waits for company; under load one transaction serves many callers. A second writer
+//! starts a transaction beside a running one only when that one is slow or the batch is
+//! full ([`turns`]).
 //!
 //! What bounds it:
 //! - **Time.** An item waits at most `max_wait` for a place in the queue and, once queued,
@@ -30,10 +32,13 @@ use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use prometheus::{Histogram, IntCounterVec};
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot};
 
 use super::PgPool;
 use crate::metrics::Metrics;
+use turns::Turns;
+
+mod turns;
 
 /// Why an item was answered without its batch being written.
 #[derive(Debug)]
@@ -106,6 +111,15 @@ pub struct GroupCommitSettings {
     pub writers: usize,
     /// Longest an item waits to be queued and then taken before it is refused.
     pub max_wait: Duration,
+    /// Longest an item waits for another writer's transaction to end before a second
+    /// transaction starts beside it ([`turns`]).
+    pub spare_after: Duration,
+}
+
+impl GroupCommitSettings {
+    /// [`Self::spare_after`] of tally's group commits: a transaction of a few hundred
+    /// small rows takes a few milliseconds; one that takes longer is waiting on something.
+    pub const SPARE_AFTER: Duration = Duration::from_millis(10);
 }
 
 struct Pending<B: Batch> {
@@ -156,7 +170,7 @@ impl<B: Batch> GroupCommit<B> {
         let max_batch = settings.max_batch.max(1);
         let writers = settings.writers.max(1);
         let (queue, rx) = mpsc::channel(max_batch * writers * 4);
-        let rx = Arc::new(Mutex::new(rx));
+        let turns = Arc::new(Turns::new(rx, max_batch, settings.spare_after));
         let batch = Arc::new(batch);
         let refused = Refused { name: name.to_owned(), counter: metrics.group_commit_refused_total.clone() };
         // At 0 from the start: an alert on their increase sees the first one too.
@@ -165,10 +179,9 @@ impl<B: Batch> GroupCommit<B> {
         }
         for _ in 0..writers {
             let writer = Writer {
-                queue: Arc::clone(&rx),
+                turns: Arc::clone(&turns),
                 pool: pool.clone(),
                 batch: Arc::clone(&batch),
-                max_batch,
                 name: name.to_owned(),
                 sizes: metrics.group_commit_batch_size.with_label_values(&[name]),
                 refused: refused.clone(),
@@ -250,10 +263,9 @@ trait Transactions<B: Batch>: Sync {
 }
 
 struct Writer<B: Batch> {
-    queue: Arc<Mutex<mpsc::Receiver<Pending<B>>>>,
+    turns: Arc<Turns<Pending<B>>>,
     pool: PgPool,
     batch: Arc<B>,
-    max_batch: usize,
     name: String,
     sizes: Histogram,
     refused: Refused,
@@ -261,28 +273,13 @@ struct Writer<B: Batch> {
 
 impl<B: Batch> Writer<B> {
     async fn run(self) {
-        while let Some(pending) = self.next_batch().await {
+        // `_running` counts this writer's transaction as running until the batch is done.
+        while let Some((pending, _running)) = self.turns.next_batch().await {
             let (items, replies) = claim(pending);
             if !items.is_empty() {
                 write(&self, items, replies).await;
             }
         }
-    }
-
-    /// Waits for one item, then takes every waiting one up to `max_batch`. `None` once the
-    /// queue is closed and empty.
-    async fn next_batch(&self) -> Option<Vec<Pending<B>>> {
-        let mut queue = self.queue.lock().await;
-        let first = queue.recv().await?;
-        let mut batch = Vec::with_capacity(self.max_batch.min(64));
-        batch.push(first);
-        while batch.len() < self.max_batch {
-            match queue.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
-        Some(batch)
     }
 }
 

@@ -42,6 +42,7 @@ fn start(w: &Wiring<'_>) -> anyhow::Result<Running> {
             max_batch: cfg.batch_max,
             writers: cfg.writers,
             max_wait: w.config.database.connect_timeout,
+            spare_after: GroupCommitSettings::SPARE_AFTER,
         },
         &w.metrics,
     ));
