@@ -10,6 +10,13 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tally_actors::store::migrate;
 use tally_engine::broker::{self, EmbeddedBroker};
+
+/// mimalloc rather than glibc's allocator: the daemon allocates many small, short-lived
+/// buffers on several threads (bind parameters, records, futures), where glibc's arenas
+/// spent about a sixth of its CPU. With mimalloc the daemon spent 5% less CPU per transfer
+/// at 1,000 transfers/s and 13-22% less in the open loop, for about 40 MiB more peak RSS.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use tally_engine::{app, sd_notify, telemetry, topics, Config, KafkaEndpoint};
 use tracing::{error, info};
 
