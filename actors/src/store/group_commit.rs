@@ -111,8 +111,8 @@ pub struct GroupCommitSettings {
     pub writers: usize,
     /// Longest an item waits to be queued and then taken before it is refused.
     pub max_wait: Duration,
-    /// Longest an item waits for another writer's transaction to end before a second
-    /// transaction starts beside it ([`turns`]).
+    /// How long a transaction runs before it counts as slow and a second one may start
+    /// beside it; an item waits at most this long for company ([`turns`]).
     pub spare_after: Duration,
 }
 
@@ -126,6 +126,13 @@ struct Pending<B: Batch> {
     item: B::Item,
     state: Arc<AtomicU8>,
     reply: oneshot::Sender<Result<B::Outcome, B::Error>>,
+    queued: tokio::time::Instant,
+}
+
+impl<B: Batch> turns::Queued for Pending<B> {
+    fn queued_at(&self) -> tokio::time::Instant {
+        self.queued
+    }
 }
 
 /// The handle callers submit to. The writers stop once every handle is dropped and the
@@ -196,10 +203,11 @@ impl<B: Batch> GroupCommit<B> {
     /// # Errors
     /// The error of the transaction that did not write it, or [`Batch::refused`].
     pub async fn submit(&self, item: B::Item) -> Result<B::Outcome, B::Error> {
-        let deadline = tokio::time::Instant::now() + self.max_wait;
+        let queued = tokio::time::Instant::now();
+        let deadline = queued + self.max_wait;
         let (reply, mut outcome) = oneshot::channel();
         let state = Arc::new(AtomicU8::new(QUEUED));
-        let pending = Pending { item, state: Arc::clone(&state), reply };
+        let pending = Pending { item, state: Arc::clone(&state), reply, queued };
         match tokio::time::timeout_at(deadline, self.queue.send(pending)).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) => return Err(self.refuse(Refusal::Stopped)),

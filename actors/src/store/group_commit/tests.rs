@@ -82,9 +82,19 @@ fn an_item_not_taken_in_time_is_refused_and_never_written() {
 fn an_item_whose_caller_is_gone_is_not_written() {
     let (reply, outcome) = oneshot::channel();
     drop(outcome);
-    let gone = Pending::<Numbers> { item: 1, state: Arc::new(AtomicU8::new(QUEUED)), reply };
+    let gone = Pending::<Numbers> {
+        item: 1,
+        state: Arc::new(AtomicU8::new(QUEUED)),
+        reply,
+        queued: tokio::time::Instant::now(),
+    };
     let (reply, _waiting) = oneshot::channel();
-    let waiting = Pending::<Numbers> { item: 2, state: Arc::new(AtomicU8::new(QUEUED)), reply };
+    let waiting = Pending::<Numbers> {
+        item: 2,
+        state: Arc::new(AtomicU8::new(QUEUED)),
+        reply,
+        queued: tokio::time::Instant::now(),
+    };
     let (items, replies) = claim(vec![gone, waiting]);
     assert_eq!(items, [2]);
     assert_eq!(replies.len(), 1);
@@ -95,7 +105,8 @@ fn take_and_abandon_settle_each_item_once() {
     for _ in 0..2_000 {
         let state = Arc::new(AtomicU8::new(QUEUED));
         let (reply, _outcome) = oneshot::channel();
-        let pending = Pending::<Numbers> { item: 1, state: Arc::clone(&state), reply };
+        let pending =
+            Pending::<Numbers> { item: 1, state: Arc::clone(&state), reply, queued: tokio::time::Instant::now() };
         let writer = std::thread::spawn(move || claim(vec![pending]).0.len() == 1);
         let abandoned = abandon(&state);
         let taken = writer.join().expect("the writer thread");
