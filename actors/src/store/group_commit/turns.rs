@@ -110,6 +110,7 @@ impl<P: Queued> Turns<P> {
 #[cfg(test)]
 mod tests {
     use std::future::Future;
+    use std::pin::Pin;
 
     use super::*;
 
@@ -159,6 +160,20 @@ mod tests {
         turns.running.borrow().len()
     }
 
+    type Next<'a> = Pin<Box<dyn Future<Output = Option<(Vec<Item>, Running<'a>)>> + 'a>>;
+
+    /// A transaction of item 1 running (its guard), and the next turn holding item 2,
+    /// still waiting behind it.
+    async fn one_waiting_behind_one<'a>(tx: &mpsc::Sender<Item>, turns: &'a Turns<Item>) -> (Running<'a>, Next<'a>) {
+        send(tx, [1]).await;
+        let (first, running) = soon(turns.next_batch()).await;
+        assert_eq!(first, [1]);
+        let mut next: Next<'a> = Box::pin(turns.next_batch());
+        send(tx, [2]).await;
+        assert!(still_pending(&mut next).await, "a second transaction started beside a quick one");
+        (running, next)
+    }
+
     #[test]
     fn with_no_transaction_running_the_first_item_goes_at_once() {
         let (tx, turns) = turns(10, NEVER);
@@ -175,12 +190,8 @@ mod tests {
     fn arrivals_during_a_running_transaction_wait_for_it_and_go_in_one_batch() {
         let (tx, turns) = turns(10, NEVER);
         runtime().block_on(async {
-            send(&tx, [1]).await;
-            let (first, running) = soon(turns.next_batch()).await;
-            assert_eq!(first, [1]);
-            let mut next = Box::pin(turns.next_batch());
-            send(&tx, 2..=4).await;
-            assert!(still_pending(&mut next).await, "a second transaction started beside a quick one");
+            let (running, next) = one_waiting_behind_one(&tx, &turns).await;
+            send(&tx, 3..=4).await;
             drop(running);
             let (batch, _running) = soon(next).await;
             assert_eq!(batch, [2, 3, 4], "what came while the first ran, together, once it ended");
@@ -221,11 +232,7 @@ mod tests {
     fn a_full_batch_does_not_wait_for_the_running_transaction() {
         let (tx, turns) = turns(3, NEVER);
         runtime().block_on(async {
-            send(&tx, [1]).await;
-            let (_, _running) = soon(turns.next_batch()).await;
-            let mut next = Box::pin(turns.next_batch());
-            send(&tx, [2]).await;
-            assert!(still_pending(&mut next).await, "waits while the batch is not full");
+            let (_running, next) = one_waiting_behind_one(&tx, &turns).await;
             send(&tx, 3..=5).await;
             let (batch, _running) = soon(next).await;
             assert_eq!(batch, [2, 3, 4], "full at max_batch; the rest waits for the next");
@@ -236,11 +243,7 @@ mod tests {
     fn a_queue_closed_while_gathering_ends_the_wait_and_then_the_turns() {
         let (tx, turns) = turns(10, NEVER);
         runtime().block_on(async {
-            send(&tx, [1]).await;
-            let (_, _running) = soon(turns.next_batch()).await;
-            let mut next = Box::pin(turns.next_batch());
-            send(&tx, [2]).await;
-            assert!(still_pending(&mut next).await);
+            let (_running, next) = one_waiting_behind_one(&tx, &turns).await;
             drop(tx);
             let (batch, _second) = soon(next).await;
             assert_eq!(batch, [2], "what was gathered is written");
