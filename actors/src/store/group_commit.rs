@@ -6,7 +6,7 @@
 //! every caller once it has committed. Under light load a batch is one item and nothing
 //! waits for company; under load one transaction serves many callers. A second writer
 //! starts a transaction beside a running one only when that one is slow or the batch is
-//! full ([`turns`]).
+//! full (the `turns` module).
 //!
 //! What bounds it:
 //! - **Time.** An item waits at most `max_wait` for a place in the queue and, once queued,
@@ -112,7 +112,7 @@ pub struct GroupCommitSettings {
     /// Longest an item waits to be queued and then taken before it is refused.
     pub max_wait: Duration,
     /// How long a transaction runs before it counts as slow and a second one may start
-    /// beside it; an item waits at most this long for company ([`turns`]).
+    /// beside it; an item waits at most this long for company (the `turns` module).
     pub spare_after: Duration,
 }
 
