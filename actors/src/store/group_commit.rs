@@ -120,6 +120,13 @@ impl GroupCommitSettings {
     /// [`Self::spare_after`] of tally's group commits: a transaction of a few hundred
     /// small rows takes a few milliseconds; one that takes longer is waiting on something.
     pub const SPARE_AFTER: Duration = Duration::from_millis(10);
+
+    /// The wait for company the writers use: `spare_after`, at most half of `max_wait`, so
+    /// that an item gathered while a transaction runs is still taken before its caller
+    /// gives up on it.
+    fn spare(&self) -> Duration {
+        self.spare_after.min(self.max_wait / 2)
+    }
 }
 
 struct Pending<B: Batch> {
@@ -177,7 +184,7 @@ impl<B: Batch> GroupCommit<B> {
         let max_batch = settings.max_batch.max(1);
         let writers = settings.writers.max(1);
         let (queue, rx) = mpsc::channel(max_batch * writers * 4);
-        let turns = Arc::new(Turns::new(rx, max_batch, settings.spare_after));
+        let turns = Arc::new(Turns::new(rx, max_batch, settings.spare()));
         let batch = Arc::new(batch);
         let refused = Refused { name: name.to_owned(), counter: metrics.group_commit_refused_total.clone() };
         // At 0 from the start: an alert on their increase sees the first one too.

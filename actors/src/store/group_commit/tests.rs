@@ -210,3 +210,15 @@ fn a_write_that_panics_or_miscounts_is_refused_as_broken() {
         assert!(script.committed.lock().expect("committed").is_empty());
     }
 }
+
+#[test]
+fn the_wait_for_company_leaves_an_item_half_its_max_wait() {
+    let settings = |max_wait| GroupCommitSettings {
+        max_batch: 8,
+        writers: 2,
+        max_wait,
+        spare_after: GroupCommitSettings::SPARE_AFTER,
+    };
+    assert_eq!(settings(Duration::from_secs(5)).spare(), GroupCommitSettings::SPARE_AFTER);
+    assert_eq!(settings(Duration::from_millis(8)).spare(), Duration::from_millis(4), "a short max_wait bounds it");
+}
