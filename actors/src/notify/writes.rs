@@ -34,8 +34,7 @@ impl Writes {
     /// webhook got the event: refusing it would send the event again), only bounded by
     /// [`RECORD_WAIT`].
     pub fn start(pool: &PgPool, metrics: &Metrics, max_wait: Duration) -> Self {
-        let lookups =
-            GroupCommitSettings { max_batch: 256, writers: 1, max_wait, spare_after: GroupCommitSettings::SPARE_AFTER };
+        let lookups = GroupCommitSettings { max_batch: 256, writers: 1, max_wait };
         let records = GroupCommitSettings { max_wait: RECORD_WAIT, ..lookups };
         Self {
             seen: GroupCommit::start("notifications_seen", SeenBatch, pool.clone(), lookups, metrics),

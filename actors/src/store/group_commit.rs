@@ -111,21 +111,20 @@ pub struct GroupCommitSettings {
     pub writers: usize,
     /// Longest an item waits to be queued and then taken before it is refused.
     pub max_wait: Duration,
-    /// How long a transaction runs before it counts as slow and a second one may start
-    /// beside it; an item waits at most this long for company (the `turns` module).
-    pub spare_after: Duration,
 }
 
 impl GroupCommitSettings {
-    /// [`Self::spare_after`] of tally's group commits: a transaction of a few hundred
-    /// small rows takes a few milliseconds; one that takes longer is waiting on something.
+    /// How long a transaction runs before it counts as slow and a second one may start
+    /// beside it; an item waits at most this long for company (the `turns` module). A
+    /// transaction of a few hundred small rows takes a few milliseconds; one that takes
+    /// longer is waiting on something.
     pub const SPARE_AFTER: Duration = Duration::from_millis(10);
 
-    /// The wait for company the writers use: `spare_after`, at most half of `max_wait`, so
-    /// that an item gathered while a transaction runs is still taken before its caller
-    /// gives up on it.
+    /// The wait for company the writers use: [`Self::SPARE_AFTER`], at most half of
+    /// `max_wait`, so that an item gathered while a transaction runs is still taken before
+    /// its caller gives up on it.
     fn spare(&self) -> Duration {
-        self.spare_after.min(self.max_wait / 2)
+        Self::SPARE_AFTER.min(self.max_wait / 2)
     }
 }
 

@@ -173,7 +173,6 @@ pub async fn start(
             max_batch: config.http.intake_batch_max,
             writers: config.http.intake_writers,
             max_wait: config.database.connect_timeout,
-            spare_after: GroupCommitSettings::SPARE_AFTER,
         },
         &metrics,
     );

@@ -42,7 +42,6 @@ fn start(w: &Wiring<'_>) -> anyhow::Result<Running> {
             max_batch: cfg.batch_max,
             writers: cfg.writers,
             max_wait: w.config.database.connect_timeout,
-            spare_after: GroupCommitSettings::SPARE_AFTER,
         },
         &w.metrics,
     ));

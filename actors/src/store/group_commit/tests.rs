@@ -78,23 +78,18 @@ fn an_item_not_taken_in_time_is_refused_and_never_written() {
     assert!(items.is_empty() && replies.is_empty());
 }
 
+/// Item `item`, queued now, in state `state`.
+fn pending(item: u32, state: Arc<AtomicU8>, reply: Reply<Numbers>) -> Pending<Numbers> {
+    Pending { item, state, reply, queued: tokio::time::Instant::now() }
+}
+
 #[test]
 fn an_item_whose_caller_is_gone_is_not_written() {
     let (reply, outcome) = oneshot::channel();
     drop(outcome);
-    let gone = Pending::<Numbers> {
-        item: 1,
-        state: Arc::new(AtomicU8::new(QUEUED)),
-        reply,
-        queued: tokio::time::Instant::now(),
-    };
+    let gone = pending(1, Arc::new(AtomicU8::new(QUEUED)), reply);
     let (reply, _waiting) = oneshot::channel();
-    let waiting = Pending::<Numbers> {
-        item: 2,
-        state: Arc::new(AtomicU8::new(QUEUED)),
-        reply,
-        queued: tokio::time::Instant::now(),
-    };
+    let waiting = pending(2, Arc::new(AtomicU8::new(QUEUED)), reply);
     let (items, replies) = claim(vec![gone, waiting]);
     assert_eq!(items, [2]);
     assert_eq!(replies.len(), 1);
@@ -105,9 +100,8 @@ fn take_and_abandon_settle_each_item_once() {
     for _ in 0..2_000 {
         let state = Arc::new(AtomicU8::new(QUEUED));
         let (reply, _outcome) = oneshot::channel();
-        let pending =
-            Pending::<Numbers> { item: 1, state: Arc::clone(&state), reply, queued: tokio::time::Instant::now() };
-        let writer = std::thread::spawn(move || claim(vec![pending]).0.len() == 1);
+        let queued = pending(1, Arc::clone(&state), reply);
+        let writer = std::thread::spawn(move || claim(vec![queued]).0.len() == 1);
         let abandoned = abandon(&state);
         let taken = writer.join().expect("the writer thread");
         assert!(taken != abandoned, "taken {taken}, abandoned {abandoned}: exactly one must win");
@@ -213,12 +207,7 @@ fn a_write_that_panics_or_miscounts_is_refused_as_broken() {
 
 #[test]
 fn the_wait_for_company_leaves_an_item_half_its_max_wait() {
-    let settings = |max_wait| GroupCommitSettings {
-        max_batch: 8,
-        writers: 2,
-        max_wait,
-        spare_after: GroupCommitSettings::SPARE_AFTER,
-    };
+    let settings = |max_wait| GroupCommitSettings { max_batch: 8, writers: 2, max_wait };
     assert_eq!(settings(Duration::from_secs(5)).spare(), GroupCommitSettings::SPARE_AFTER);
     assert_eq!(settings(Duration::from_millis(8)).spare(), Duration::from_millis(4), "a short max_wait bounds it");
 }
