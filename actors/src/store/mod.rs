@@ -21,6 +21,11 @@
 //! | `idempotency.rs` | none: advisory locks that order requests whose key scopes meet across clients |
 //! | `group_commit.rs` | none of its own: batches the writes of many callers into one transaction |
 //! | `connect.rs`, `tls.rs`, `pool.rs`, `migrate.rs` | connections (TLS per `sslmode`) (a pool per stage, its gauges); `__diesel_schema_migrations` |
+//!
+//! The raw statements (`diesel::sql_query`) are prepared again at every run: diesel never
+//! caches them. Keeping them prepared was measured and left out; `docs/ARCHITECTURE.md`
+//! (section 7, "Raw statements prepared at each run") says why, and what a later attempt
+//! must do.
 
 pub mod accounts;
 pub mod connect;
