@@ -91,6 +91,9 @@ impl<P: Queued> Turns<P> {
                     },
                 }
             }
+            // Whichever way the wait ended, what is already queued goes too: the end of a
+            // transaction and an arrival can be ready together, and either may be seen first.
+            self.take_waiting(&mut queue, &mut batch);
         }
         let started = Instant::now();
         self.running.send_modify(|running| running.push(started));
