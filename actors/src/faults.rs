@@ -21,6 +21,11 @@ pub enum Fault {
     /// A stage's thread panics on every record carrying the header [`CRASH_HEADER`], as a
     /// bug would (the stage must restart, and dead-letter the record after two crashes).
     CrashOnMarkedRecord,
+    /// The handling of a record carrying the header [`HANG_HEADER`] never ends the first
+    /// time this process sees the record, as a call that never returns would (the
+    /// pipeline's watchdog must restart the stage, and the record go through the second
+    /// time).
+    HangOnMarkedRecord,
 }
 
 /// The header that marks a record for [`Fault::CrashOnMarkedRecord`].
@@ -36,10 +41,40 @@ pub fn crash_on_marked(record: &crate::record::Record) {
     }
 }
 
+/// The header that marks a record for [`Fault::HangOnMarkedRecord`].
+pub const HANG_HEADER: &str = "tally-fault-hang";
+
+/// Never returns when [`Fault::HangOnMarkedRecord`] is on and `record` carries
+/// [`HANG_HEADER`] and was not seen before by this process; returns at once otherwise.
+pub async fn hang_on_marked(record: &crate::record::Record) {
+    if !is_on(Fault::HangOnMarkedRecord) || record.header(HANG_HEADER).is_none() {
+        return;
+    }
+    static SEEN: std::sync::Mutex<Vec<(String, i32, i64)>> = std::sync::Mutex::new(Vec::new());
+    let at = (record.topic.clone(), record.partition, record.offset);
+    let first = {
+        let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let first = !seen.contains(&at);
+        if first {
+            seen.push(at);
+        }
+        first
+    };
+    if first {
+        std::future::pending::<()>().await;
+    }
+}
+
 impl Fault {
     /// Every switch.
-    pub const ALL: [Fault; 5] =
-        [Self::Rescore, Self::OffsetBeforeCommit, Self::OutboxOutOfOrder, Self::SkipInbox, Self::CrashOnMarkedRecord];
+    pub const ALL: [Fault; 6] = [
+        Self::Rescore,
+        Self::OffsetBeforeCommit,
+        Self::OutboxOutOfOrder,
+        Self::SkipInbox,
+        Self::CrashOnMarkedRecord,
+        Self::HangOnMarkedRecord,
+    ];
 
     /// The value of `TALLY_FAULT` that turns it on.
     #[must_use]
@@ -50,6 +85,7 @@ impl Fault {
             Self::OutboxOutOfOrder => "outbox-out-of-order",
             Self::SkipInbox => "skip-inbox",
             Self::CrashOnMarkedRecord => "crash-on-marked-record",
+            Self::HangOnMarkedRecord => "hang-on-marked-record",
         }
     }
 }

@@ -3,7 +3,7 @@
 //! callbacks of [`DriverContext`], which run on the driver thread.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::pause::PauseState;
+use super::stall::StallWatch;
 use super::{
     record_stats, window_admits, Drain, Lease, PartitionConsumer, PartitionShared, PipelineSpec, PipelineStatus,
     Record, Release, WorkerRegistry,
@@ -70,6 +71,12 @@ pub(super) struct DriverState {
     /// Why the stage must restart though nothing panicked on its thread (a partition
     /// consumer actor stopped).
     pub(super) lost: Mutex<Option<String>>,
+    /// The watchdog: records waiting with none finished, or out of the group.
+    pub(super) stall: Mutex<StallWatch>,
+    /// librdkafka's group join state, from its latest statistics.
+    pub(super) join_state: Mutex<Option<String>>,
+    /// The driver gave up on a stall: its in-flight records are not waited for again.
+    pub(super) stalled: AtomicBool,
 }
 
 impl DriverState {
@@ -119,6 +126,16 @@ impl DriverState {
     /// Drains the given partitions (bounded by the drain timeout), stores their final
     /// watermarks and commits, then releases them.
     pub(super) fn revoke(&self, consumer: &BaseConsumer<DriverContext>, partitions: &[TopicPartition]) {
+        self.revoke_within(consumer, partitions, self.spec.drain_timeout);
+    }
+
+    /// [`DriverState::revoke`], waiting at most `drain` for in-flight records.
+    pub(super) fn revoke_within(
+        &self,
+        consumer: &BaseConsumer<DriverContext>,
+        partitions: &[TopicPartition],
+        drain: std::time::Duration,
+    ) {
         let mut taken = Vec::new();
         {
             let mut slots = self.slots();
@@ -137,7 +154,7 @@ impl DriverState {
                 pauses.revoked(tp);
             }
         }
-        let deadline = Instant::now() + self.spec.drain_timeout;
+        let deadline = Instant::now() + drain;
         let waits: Vec<_> = taken
             .iter()
             .map(|(_, slot)| {
@@ -185,6 +202,9 @@ pub(super) struct DriverContext {
 impl ClientContext for DriverContext {
     fn stats(&self, stats: Statistics) {
         record_stats(&self.shared.stats, &stats);
+        if let Some(group) = stats.cgrp {
+            *self.shared.join_state.lock().unwrap_or_else(PoisonError::into_inner) = Some(group.join_state);
+        }
     }
 }
 
@@ -199,7 +219,14 @@ impl ConsumerContext for DriverContext {
                 .inc_by(tpl.count() as u64);
             let partitions: Vec<TopicPartition> =
                 tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect();
-            info!(pipeline = %self.shared.spec.name, partitions = partitions.len(), "Partitions revoked; draining.");
+            if consumer.assignment_lost() {
+                // The group went on without this member (a session timeout, a stop of the
+                // process, a fenced generation): another may own these partitions already.
+                warn!(pipeline = %self.shared.spec.name, partitions = partitions.len(),
+                      "Assignment lost; draining, and rejoining the group.");
+            } else {
+                info!(pipeline = %self.shared.spec.name, partitions = partitions.len(), "Partitions revoked; draining.");
+            }
             self.shared.revoke(consumer, &partitions);
         }
     }

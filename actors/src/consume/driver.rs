@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::assignment::{DriverContext, DriverState, Slot, TopicPartition};
 use super::pause::Fetch;
+use super::stall::{Look, PartitionLook};
 use super::{Control, PartitionStatus, Record};
 
 /// The driver thread's loop: serve control commands, follow dependency health, poll,
@@ -29,6 +30,9 @@ pub(super) fn drive(
     let name = shared.spec.name.clone();
     // An admin pause outlives a restart of the stage.
     shared.pauses().set_admin(shared.admin_paused());
+    // A new consumer: the watchdog starts over.
+    shared.stall.lock().unwrap_or_else(PoisonError::into_inner).reset();
+    *shared.join_state.lock().unwrap_or_else(PoisonError::into_inner) = None;
     let mut last_gauges = Instant::now();
     let mut last_passivation = Instant::now();
     let mut last_lag = Instant::now();
@@ -108,6 +112,15 @@ pub(super) fn drive(
         store_watermarks(consumer, shared);
         if last_gauges.elapsed() >= Duration::from_millis(500) {
             last_gauges = Instant::now();
+            if let Some(stall) = watch_stall(shared) {
+                warn!(pipeline = %name, stall, "Pipeline stalled; restarting the stage from its committed offsets.");
+                // Whatever holds its records does not let go: neither the drain nor the
+                // keys' workers wait for them again.
+                shared.stalled.store(true, Ordering::Release);
+                let abandoned = shared.registry.lock().unwrap_or_else(PoisonError::into_inner).abandon_busy();
+                warn!(pipeline = %name, abandoned, "Workers of the stalled records abandoned.");
+                return Err(stall);
+            }
             publish_gauges(shared);
         }
         if last_lag.elapsed() >= Duration::from_secs(2) {
@@ -294,6 +307,37 @@ fn refresh_lag(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
         }
     }
     *shared.lags.lock().unwrap_or_else(PoisonError::into_inner) = lags;
+}
+
+/// Takes the watchdog's look at the pipeline (see `stall.rs`); the stall, once it lasted
+/// the pipeline's `stall_after`.
+fn watch_stall(shared: &DriverState) -> Option<String> {
+    let lags = shared.lags.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let partitions = shared
+        .slots()
+        .iter()
+        .map(|(tp, slot)| {
+            let due = slot.stash.front().is_none_or(|r| is_due(shared, r));
+            let work = slot.shared.in_flight.load(Ordering::Relaxed) > 0
+                || !slot.stash.is_empty()
+                || lags.get(tp).is_some_and(|lag| *lag > 0);
+            PartitionLook {
+                tp: tp.clone(),
+                watermark: slot.shared.watermark.load(Ordering::Acquire),
+                waiting: due && work,
+            }
+        })
+        .collect();
+    let look = Look {
+        partitions,
+        held_on_purpose: !shared.pauses().flowing(),
+        join_state: shared.join_state.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+    };
+    let now = Instant::now();
+    let mut watch = shared.stall.lock().unwrap_or_else(PoisonError::into_inner);
+    let stall = watch.look(now, &look);
+    shared.status.lock().unwrap_or_else(PoisonError::into_inner).stalled_seconds = watch.waiting_for(now);
+    stall
 }
 
 fn publish_gauges(shared: &DriverState) {

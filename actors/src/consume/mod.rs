@@ -33,6 +33,7 @@ mod offsets;
 mod partition;
 mod pause;
 mod spec;
+mod stall;
 mod status;
 mod supervised;
 mod worker;
@@ -114,6 +115,9 @@ impl Pipeline {
             crashes: CrashBook::default(),
             restarts: Arc::default(),
             lost: Mutex::default(),
+            stall: Mutex::new(stall::StallWatch::new(spec.stall_after)),
+            join_state: Mutex::default(),
+            stalled: AtomicBool::new(false),
         });
         publish_initial_health(&shared);
         let consumer = subscribe(&shared)?;

@@ -25,6 +25,9 @@ pub struct PipelineSpec {
     pub idle_after: Duration,
     /// Longest wait for in-flight work when a partition is revoked or the pipeline stops.
     pub drain_timeout: Duration,
+    /// How long records may wait with none finished, or the consumer stay out of a steady
+    /// group, before the stage restarts from its committed offsets (see `stall.rs`).
+    pub stall_after: Duration,
     /// Header holding a record's due time (epoch milliseconds), for retry topics: a record
     /// not yet due is held and its partition paused until then, without holding up other
     /// partitions.

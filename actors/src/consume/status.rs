@@ -32,6 +32,9 @@ pub struct PipelineStatus {
     pub degraded_seconds: Option<f64>,
     /// Records waiting for the dependency, each probing it with capped backoff.
     pub waiting_for_dependency: usize,
+    /// Seconds that records have waited with none finished, while they do (past the
+    /// pipeline's stall bound the stage restarts).
+    pub stalled_seconds: Option<f64>,
     /// Restarts after a panic: down (waiting to start again), crash-looping, the last cause.
     pub restart: crate::supervise::restart::RestartStatus,
 }

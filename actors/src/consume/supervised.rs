@@ -4,6 +4,7 @@
 //! consumer from the committed offsets (see [`crate::supervise::restart`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
@@ -65,10 +66,14 @@ pub(super) fn supervised(first: BaseConsumer<DriverContext>, shared: &Arc<Driver
         shared.metrics.stage_restarts_total.with_label_values(&[&name]).inc();
         let wait = shared.restarts.crashed(&cause);
         error!(pipeline = %name, cause, record = ?record, wait_ms = wait.as_millis() as u64,
-               "Stage crashed (a bug); its partitions are given up and it restarts from the committed offsets.");
+               "Stage stopped; its partitions are given up and it restarts from the committed offsets.");
+        // After a stall its records were waited for long enough: a moment lets the other
+        // partitions' drains finish, not the stalled ones'.
+        let stalled = shared.stalled.swap(false, Ordering::AcqRel);
+        let drain = if stalled { Duration::from_secs(1) } else { shared.spec.drain_timeout };
         let all: Vec<TopicPartition> = shared.slots().keys().cloned().collect();
         let released = catch_unwind(AssertUnwindSafe(|| {
-            shared.revoke(&consumer, &all);
+            shared.revoke_within(&consumer, &all, drain);
             consumer.unsubscribe();
             drop(consumer);
         }));

@@ -150,6 +150,16 @@ impl WorkerRegistry {
         }
     }
 
+    /// Forgets every busy worker, returning how many: the pipeline stalled, and whatever
+    /// holds their records does not let go. The next record of such a key gets a new
+    /// worker. An abandoned worker that wakes up later finishes the step it was held in,
+    /// and then finds its record's lease revoked, as after any revoke.
+    pub fn abandon_busy(&mut self) -> usize {
+        let before = self.workers.len();
+        self.workers.retain(|_, e| !e.is_busy());
+        before - self.workers.len()
+    }
+
     /// Passivates workers idle for longer than the idle timeout.
     pub fn passivate_idle(&mut self) {
         let idle_after = self.idle_after;

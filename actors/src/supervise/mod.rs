@@ -122,6 +122,7 @@ impl Supervision {
         lease: Lease,
     ) -> Result<Completion, Stopping> {
         let started = Instant::now();
+        crate::faults::hang_on_marked(&record).await;
         let result = lease.clone().scope(self.attempts(handler, &record, &lease)).await;
         let label = match result {
             Ok(Completion::Handled(label)) => label,

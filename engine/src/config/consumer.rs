@@ -25,6 +25,13 @@ pub struct ConsumerConfig {
     /// up at once and stay uncommitted.
     #[serde(rename = "drain_timeout_ms", with = "super::duration::ms")]
     pub drain_timeout: Duration,
+    /// How long a pipeline's records may wait with none finished (or its consumer stay out
+    /// of a steady group) before its stage restarts from the committed offsets. Each
+    /// pipeline waits at least the worst case of its retry sequence plus
+    /// [`ConsumerConfig::STALL_MARGIN`], the longest a record may rightly hold up its
+    /// partition.
+    #[serde(rename = "stall_after_ms", with = "super::duration::ms")]
+    pub stall_after: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -35,11 +42,15 @@ impl Default for ConsumerConfig {
             max_live_workers: 20_000,
             idle_after: Duration::from_secs(60),
             drain_timeout: Duration::from_millis(20_000),
+            stall_after: Duration::from_millis(120_000),
         }
     }
 }
 
 impl ConsumerConfig {
+    /// Added to the worst case of a pipeline's retry sequence for its least stall bound.
+    pub const STALL_MARGIN: Duration = Duration::from_secs(10);
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=100_000).contains(&self.max_in_flight) {
             return invalid("consumer.max_in_flight", "must be between 1 and 100000");
@@ -52,6 +63,9 @@ impl ConsumerConfig {
         }
         if self.drain_timeout.is_zero() {
             return invalid("consumer.drain_timeout_ms", "must be greater than 0");
+        }
+        if self.stall_after.is_zero() {
+            return invalid("consumer.stall_after_ms", "must be greater than 0");
         }
         Ok(())
     }

@@ -103,6 +103,10 @@ const KEYS: &[(&str, &str)] = &[
         "consumer.drain_timeout_ms",
         "Least wait for in-flight records on revoke and shutdown (the service stop timeout exceeds it).",
     ),
+    (
+        "consumer.stall_after_ms",
+        "Records waiting with none finished this long (at least the retry worst case + 10 s) restart the stage.",
+    ),
     ("ledger", "The settlement stage."),
     ("ledger.group_id", "Consumer group of the ledger."),
     ("ledger.batch_size", "Transfers settled per database transaction at most."),

@@ -120,6 +120,8 @@ fn errors_name_the_key() {
     assert!(e.contains("intake_adr"), "{e}");
     let e = with("[consumer]\ndrain_timeout_ms = 0").unwrap_err().to_string();
     assert!(e.contains("consumer.drain_timeout_ms"), "{e}");
+    let e = with("[consumer]\nstall_after_ms = 0").unwrap_err().to_string();
+    assert!(e.contains("consumer.stall_after_ms"), "{e}");
     let e = with("[database]\nurl = \"mysql://x\"").unwrap_err().to_string();
     assert!(e.contains("database.url"), "{e}");
 }

@@ -15,7 +15,7 @@ use tally_actors::supervise::{DeadLetters, DependencyProbe, RecordHandler, Super
 use tally_actors::Metrics;
 
 use crate::app::Pools;
-use crate::config::{Config, DbPool, RetryConfig};
+use crate::config::{Config, ConsumerConfig, DbPool, RetryConfig};
 
 use super::Stage;
 
@@ -73,6 +73,7 @@ impl Wiring<'_> {
             max_live_workers: c.max_live_workers,
             idle_after: c.idle_after,
             drain_timeout,
+            stall_after: c.stall_after.max(worst_case + ConsumerConfig::STALL_MARGIN),
             due_header: None,
         }
     }

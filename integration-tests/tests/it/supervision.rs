@@ -307,3 +307,97 @@ async fn a_crashing_record_restarts_its_stage_twice_then_is_dead_lettered() {
     assert_eq!(restart["restarts"], 2, "{pipelines}");
     assert!(restart["lastCrash"].as_str().is_some_and(|c| c.contains("test fault")), "{restart}");
 }
+
+/// A record whose handling never ends (played by the `hang-on-marked-record` fault switch:
+/// a call that never returns, the first time the process sees the record) stalls its
+/// partition with nothing logged and nothing failing. The stage's watchdog restarts it
+/// from the committed offsets once records have waited its stall bound with none
+/// finished; the record goes through on redelivery, and the one behind it, handled
+/// meanwhile, is not applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_never_finishes_gets_its_stage_restarted_by_the_watchdog() {
+    use tally_integration_tests::hostile::RawRecord;
+    let env = tally_integration_tests::TestEnv::new().await;
+    tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
+    for spec in tally_engine::topics::topic_specs(&tally_engine::Config::default()) {
+        env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
+    }
+    let (intake, admin) = (tally_integration_tests::free_addr(), tally_integration_tests::free_addr());
+    let _child = tally_integration_tests::spawn_tally_process(
+        &env,
+        &[
+            ("TALLY_FAULT", "hang-on-marked-record"),
+            ("TALLY__HTTP__INTAKE_ADDR", &intake),
+            ("TALLY__HTTP__ADMIN_ADDR", &admin),
+            // The orders stage's bound is then its retry sequence's worst case (one retry
+            // after 100 ms, two attempts of at most 1 s) plus 10 s.
+            ("TALLY__CONSUMER__STALL_AFTER_MS", "1000"),
+            ("TALLY__ORDERS__RETRY__MAX_RETRIES", "1"),
+            ("TALLY__ORDERS__RETRY__INITIAL_MS", "100"),
+            ("TALLY__ORDERS__RETRY__MAX_MS", "100"),
+            ("TALLY__DATABASE__STATEMENT_TIMEOUT_MS", "1000"),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let ready = || {
+        let (http, admin) = (&http, &admin);
+        async move {
+            let res = http.get(format!("http://{admin}/readyz")).send().await.map_err(|e| e.to_string())?;
+            if res.status().is_success() {
+                Ok(())
+            } else {
+                Err(res.text().await.unwrap_or_default())
+            }
+        }
+    };
+    wait_until("the daemon is ready", Deadline::DEFAULT, ready).await;
+    let order = |id: uuid::Uuid, reference: &str, marked: bool| {
+        let event = json!({
+            "eventId": uuid::Uuid::new_v4(), "orderId": id, "externalReference": reference,
+            "customerId": "CUST-1", "amountCents": 4_990, "currency": "BRL", "receivedAt": "2026-12-01T12:00:00Z",
+        });
+        let mut headers = vec![(h::EVENT_TYPE.as_bytes().to_vec(), Some(b"OrderReceived".to_vec()))];
+        if marked {
+            headers.push((tally_actors::faults::HANG_HEADER.as_bytes().to_vec(), Some(b"1".to_vec())));
+        }
+        RawRecord { key: Some(reference.as_bytes().to_vec()), value: Some(event.to_string().into_bytes()), headers }
+    };
+    let (hung, behind) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    produce_raw(
+        env.bootstrap(),
+        "orders.received",
+        0,
+        &[order(hung, "REF-HUNG", true), order(behind, "REF-BEHIND", false)],
+    );
+    let received = |id: uuid::Uuid| {
+        let db = &env.db;
+        async move { db.scalar_i64("SELECT count(*) FROM received_orders WHERE order_id = $1", &[&id]).await }
+    };
+    wait_until("the order behind the hung one is received", Deadline::DEFAULT, || async {
+        if received(behind).await == 1 {
+            Ok(())
+        } else {
+            Err("not yet".to_owned())
+        }
+    })
+    .await;
+    wait_until("the hung order is received after the stage restarted", Deadline::secs(90), || async {
+        match received(hung).await {
+            1 => Ok(()),
+            n => Err(format!("{n} received_orders rows")),
+        }
+    })
+    .await;
+    assert_eq!(received(behind).await, 1, "the order behind, redelivered, is not received twice");
+    let pipelines =
+        json_body(http.get(format!("http://{admin}/admin/pipelines")).send().await.expect("pipelines")).await;
+    let orders = pipelines["pipelines"].as_array().and_then(|p| p.iter().find(|p| p["name"] == "orders")).cloned();
+    let restart = orders.map(|o| o["restart"].clone()).unwrap_or_default();
+    assert_eq!(restart["restarts"], 1, "{pipelines}");
+    assert!(restart["lastCrash"].as_str().is_some_and(|c| c.contains("stalled")), "{restart}");
+    let metrics =
+        http.get(format!("http://{admin}/metrics")).send().await.expect("metrics").text().await.expect("text");
+    let restarts = tally_integration_tests::metric_value(&metrics, "tally_stage_restarts_total{stage=\"orders\"}");
+    assert_eq!(restarts, Some(1.0));
+    wait_until("the daemon is ready again", Deadline::DEFAULT, ready).await;
+}
