@@ -312,15 +312,14 @@ fn refresh_lag(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
 /// Takes the watchdog's look at the pipeline (see `stall.rs`); the stall, once it lasted
 /// the pipeline's `stall_after`.
 fn watch_stall(shared: &DriverState) -> Option<String> {
-    let lags = shared.lags.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    // Lag alone is not work: on a topic written in transactions the high watermark stays
+    // past the last record (its commit marker) with nothing left to read.
     let partitions = shared
         .slots()
         .iter()
         .map(|(tp, slot)| {
             let due = slot.stash.front().is_none_or(|r| is_due(shared, r));
-            let work = slot.shared.in_flight.load(Ordering::Relaxed) > 0
-                || !slot.stash.is_empty()
-                || lags.get(tp).is_some_and(|lag| *lag > 0);
+            let work = slot.shared.in_flight.load(Ordering::Relaxed) > 0 || !slot.stash.is_empty();
             PartitionLook {
                 tp: tp.clone(),
                 watermark: slot.shared.watermark.load(Ordering::Acquire),

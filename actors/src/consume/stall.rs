@@ -3,8 +3,8 @@
 //!
 //! Two signs, each held for the pipeline's `stall_after`:
 //! - **Records wait and none finishes.** Some assigned partition has work (records in
-//!   flight, a record in hand that is due, or lag behind the broker's high watermark) and
-//!   no partition's completed watermark moved. Not while the pipeline is paused from the
+//!   flight, or a record in hand that is due) and no partition's completed watermark
+//!   moved. Not while the pipeline is paused from the
 //!   admin API or degraded (a record waits for an unavailable dependency: that has its own
 //!   report), and not for a partition whose next record is a retry not yet due.
 //! - **Out of the group.** The consumer is not in a steady generation of its group (it
@@ -24,7 +24,7 @@ pub(super) struct PartitionLook {
     pub tp: TopicPartition,
     /// The completed watermark.
     pub watermark: i64,
-    /// Records wait for it: in flight, in hand and due, or behind the high watermark.
+    /// Records wait for it: in flight, or in hand and due.
     pub waiting: bool,
 }
 
