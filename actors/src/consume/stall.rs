@@ -4,9 +4,9 @@
 //! Two signs, each held for the pipeline's `stall_after`:
 //! - **Records wait and none finishes.** Some assigned partition has work (records in
 //!   flight, or a record in hand that is due) and no partition's completed watermark
-//!   moved. Not while the pipeline is paused from the
-//!   admin API or degraded (a record waits for an unavailable dependency: that has its own
-//!   report), and not for a partition whose next record is a retry not yet due.
+//!   moved. Not while the pipeline is paused from the admin API or degraded (a record
+//!   waits for an unavailable dependency: that has its own report), and not for a
+//!   partition whose next record is a retry not yet due.
 //! - **Out of the group.** The consumer is not in a steady generation of its group (it
 //!   lost its assignment and has not got a new one, whatever the cause).
 //!
