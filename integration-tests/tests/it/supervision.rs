@@ -216,6 +216,26 @@ async fn the_dependency_probe_fails_on_a_read_only_database() {
         .await;
 }
 
+/// A daemon process with the test fault switch `fault` on and `extra` settings, over a
+/// migrated database and every topic: its environment, intake and admin addresses and
+/// process.
+async fn daemon_with_fault(
+    fault: &str,
+    extra: &[(&str, &str)],
+) -> (tally_integration_tests::TestEnv, String, String, tally_integration_tests::TallyProcess) {
+    let env = tally_integration_tests::TestEnv::new().await;
+    tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
+    for spec in tally_engine::topics::topic_specs(&tally_engine::Config::default()) {
+        env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
+    }
+    let (intake, admin) = (tally_integration_tests::free_addr(), tally_integration_tests::free_addr());
+    let mut vars =
+        vec![("TALLY_FAULT", fault), ("TALLY__HTTP__INTAKE_ADDR", &intake), ("TALLY__HTTP__ADMIN_ADDR", &admin)];
+    vars.extend_from_slice(extra);
+    let child = tally_integration_tests::spawn_tally_process(&env, &vars);
+    (env, intake, admin, child)
+}
+
 /// A stage that panics (a bug, played by the `crash-on-marked-record` fault switch) is
 /// restarted from its committed offsets; the record it crashed on twice is dead-lettered
 /// as poison (`crashed: ...`) instead of crashing it a third time, and the stage goes on.
@@ -223,20 +243,7 @@ async fn the_dependency_probe_fails_on_a_read_only_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashing_record_restarts_its_stage_twice_then_is_dead_lettered() {
     use tally_integration_tests::hostile::RawRecord;
-    let env = tally_integration_tests::TestEnv::new().await;
-    tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
-    for spec in tally_engine::topics::topic_specs(&tally_engine::Config::default()) {
-        env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
-    }
-    let (intake, admin) = (tally_integration_tests::free_addr(), tally_integration_tests::free_addr());
-    let _child = tally_integration_tests::spawn_tally_process(
-        &env,
-        &[
-            ("TALLY_FAULT", "crash-on-marked-record"),
-            ("TALLY__HTTP__INTAKE_ADDR", &intake),
-            ("TALLY__HTTP__ADMIN_ADDR", &admin),
-        ],
-    );
+    let (env, intake, admin, _child) = daemon_with_fault("crash-on-marked-record", &[]).await;
     let http = reqwest::Client::new();
     let marked = RawRecord {
         key: Some(b"CC-C1".to_vec()),
@@ -317,18 +324,9 @@ async fn a_crashing_record_restarts_its_stage_twice_then_is_dead_lettered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_that_never_finishes_gets_its_stage_restarted_by_the_watchdog() {
     use tally_integration_tests::hostile::RawRecord;
-    let env = tally_integration_tests::TestEnv::new().await;
-    tally_actors::store::migrate::prepare_blocking(env.db.url()).expect("migrate");
-    for spec in tally_engine::topics::topic_specs(&tally_engine::Config::default()) {
-        env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
-    }
-    let (intake, admin) = (tally_integration_tests::free_addr(), tally_integration_tests::free_addr());
-    let _child = tally_integration_tests::spawn_tally_process(
-        &env,
+    let (env, _intake, admin, _child) = daemon_with_fault(
+        "hang-on-marked-record",
         &[
-            ("TALLY_FAULT", "hang-on-marked-record"),
-            ("TALLY__HTTP__INTAKE_ADDR", &intake),
-            ("TALLY__HTTP__ADMIN_ADDR", &admin),
             // The orders stage's bound is then its retry sequence's worst case (one retry
             // after 100 ms, two attempts of at most 1 s) plus 10 s.
             ("TALLY__CONSUMER__STALL_AFTER_MS", "1000"),
@@ -337,7 +335,8 @@ async fn a_record_that_never_finishes_gets_its_stage_restarted_by_the_watchdog()
             ("TALLY__ORDERS__RETRY__MAX_MS", "100"),
             ("TALLY__DATABASE__STATEMENT_TIMEOUT_MS", "1000"),
         ],
-    );
+    )
+    .await;
     let http = reqwest::Client::new();
     let ready = || {
         let (http, admin) = (&http, &admin);
