@@ -113,12 +113,12 @@ pub(super) fn drive(
         if last_gauges.elapsed() >= Duration::from_millis(500) {
             last_gauges = Instant::now();
             if let Some(stall) = watch_stall(shared) {
-                warn!(pipeline = %name, stall, "Pipeline stalled; restarting the stage from its committed offsets.");
                 // Whatever holds its records does not let go: neither the drain nor the
                 // keys' workers wait for them again.
                 shared.stalled.store(true, Ordering::Release);
                 let abandoned = shared.registry.lock().unwrap_or_else(PoisonError::into_inner).abandon_busy();
-                warn!(pipeline = %name, abandoned, "Workers of the stalled records abandoned.");
+                warn!(pipeline = %name, stall, abandoned,
+                      "Pipeline stalled; its busy workers abandoned, the stage restarts from its committed offsets.");
                 return Err(stall);
             }
             publish_gauges(shared);
