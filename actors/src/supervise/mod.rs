@@ -220,11 +220,28 @@ impl Supervision {
                   wait_ms = wait.as_millis() as u64, error = %e.message,
                   "Retrying record after transient error.");
             self.metrics.retries_total.with_label_values(&[&self.pipeline]).inc();
-            self.in_retry.fetch_add(1, Ordering::Relaxed);
+            let counted = InRetry::count(&self.in_retry);
             tokio::time::sleep(wait).await;
-            self.in_retry.fetch_sub(1, Ordering::Relaxed);
+            drop(counted);
             attempt += 1;
         }
+    }
+}
+
+/// One key counted among those waiting out a retry, for as long as this lives: also when
+/// the attempt's future is dropped in its wait (its worker stopped).
+struct InRetry<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InRetry<'a> {
+    fn count(keys: &'a std::sync::atomic::AtomicUsize) -> Self {
+        keys.fetch_add(1, Ordering::Relaxed);
+        Self(keys)
+    }
+}
+
+impl Drop for InRetry<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

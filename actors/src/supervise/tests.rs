@@ -255,3 +255,20 @@ async fn a_dead_letter_that_cannot_be_written_leaves_the_record_unfinished() {
     let (h, _) = scripted(vec![HandlerError::transient("lock timeout")]);
     assert_eq!(run(&s, &h, Lease::new()).await, Err(Stopping), "never reported as dead-lettered");
 }
+
+#[tokio::test]
+async fn a_run_dropped_in_its_retry_wait_leaves_no_key_counted() {
+    let sink = Arc::new(RecordingSink::default());
+    let mut s = with_sink(3, &sink);
+    s.policy.initial = Duration::from_secs(3_600);
+    s.policy.max = Duration::from_secs(3_600);
+    let (h, calls) = scripted(vec![HandlerError::transient("lock timeout")]);
+    let s = &s;
+    let mut attempt = Box::pin(run(s, &h, Lease::new()));
+    let polled = tokio::time::timeout(Duration::from_millis(200), &mut attempt).await;
+    assert!(polled.is_err(), "the record waits out its hour");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(s.in_retry.load(Ordering::SeqCst), 1, "counted while it waits");
+    drop(attempt);
+    assert_eq!(s.in_retry.load(Ordering::SeqCst), 0, "no key left counted once its worker is gone");
+}
