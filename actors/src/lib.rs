@@ -15,6 +15,7 @@
 pub mod antifraud;
 pub mod backoff;
 pub mod consume;
+pub mod counted;
 pub mod dlt;
 pub mod faults;
 pub mod kafka_clients;

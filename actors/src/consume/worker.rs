@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
+use crate::counted::Counted;
 use crate::record::{Lease, Record};
 use crate::supervise::{Completion, RecordHandler, Stopping, Supervision};
 
@@ -48,14 +49,7 @@ pub struct Process {
 }
 
 /// One record pending for a worker; dropping it counts the record finished.
-#[derive(Debug)]
-pub struct Pending(Arc<AtomicUsize>);
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
+pub type Pending = Counted;
 
 impl Handler<Process> for KeyedWorker {
     type Result = AtomicResponse<Self, Result<Completion, Stopping>>;
@@ -84,9 +78,8 @@ struct Entry {
 impl Entry {
     /// One more record pending for this worker, used `now`.
     fn checkout(&mut self, now: Instant) -> (Addr<KeyedWorker>, Pending) {
-        self.pending.fetch_add(1, Ordering::AcqRel);
         self.last_used = now;
-        (self.addr.clone(), Pending(Arc::clone(&self.pending)))
+        (self.addr.clone(), Counted::new(&self.pending))
     }
 
     fn is_busy(&self) -> bool {

@@ -12,7 +12,6 @@ mod probe;
 pub mod restart;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +26,7 @@ pub use health::{Degradation, DependencyHealth, DependencyWait};
 pub use policy::{classify_server_message, Classify, ErrorClass, HandlerError, RetryPolicy, PROBE_MAX};
 pub use probe::{DependencyProbe, PROBE_FRESH};
 
+use crate::counted::Counted;
 use crate::metrics::Metrics;
 use crate::record::{Lease, Record};
 
@@ -220,28 +220,12 @@ impl Supervision {
                   wait_ms = wait.as_millis() as u64, error = %e.message,
                   "Retrying record after transient error.");
             self.metrics.retries_total.with_label_values(&[&self.pipeline]).inc();
-            let counted = InRetry::count(&self.in_retry);
+            // Counted until the wait ends, or its future is dropped (its worker stopped).
+            let counted = Counted::new(&self.in_retry);
             tokio::time::sleep(wait).await;
             drop(counted);
             attempt += 1;
         }
-    }
-}
-
-/// One key counted among those waiting out a retry, for as long as this lives: also when
-/// the attempt's future is dropped in its wait (its worker stopped).
-struct InRetry<'a>(&'a std::sync::atomic::AtomicUsize);
-
-impl<'a> InRetry<'a> {
-    fn count(keys: &'a std::sync::atomic::AtomicUsize) -> Self {
-        keys.fetch_add(1, Ordering::Relaxed);
-        Self(keys)
-    }
-}
-
-impl Drop for InRetry<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

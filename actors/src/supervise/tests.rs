@@ -1,6 +1,6 @@
 //! Unit tests of the supervision loop: retries, dead letters, leases, waits, panics.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use futures_util::future::BoxFuture;
@@ -263,8 +263,7 @@ async fn a_run_dropped_in_its_retry_wait_leaves_no_key_counted() {
     s.policy.initial = Duration::from_secs(3_600);
     s.policy.max = Duration::from_secs(3_600);
     let (h, calls) = scripted(vec![HandlerError::transient("lock timeout")]);
-    let s = &s;
-    let mut attempt = Box::pin(run(s, &h, Lease::new()));
+    let mut attempt = Box::pin(run(&s, &h, Lease::new()));
     let polled = tokio::time::timeout(Duration::from_millis(200), &mut attempt).await;
     assert!(polled.is_err(), "the record waits out its hour");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
