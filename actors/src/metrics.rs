@@ -112,6 +112,9 @@ metrics! {
                      forbidden), stored in the dead_letters table instead, by DLT topic.", labels ["topic"];
     stage_restarts_total: IntCounterVec = "Restarts of a stage after a panic in its thread (it starts again from its committed offsets), by stage.", labels ["stage"];
     pipeline_paused: IntGaugeVec = "1 while a pipeline is paused through the admin API, 0 otherwise.", labels ["pipeline"];
+    partition_holds_total: IntCounterVec = "Times a partition stopped fetching because the records in hand reached their bound \
+                     (its queue and stash full, its uncommitted window full, or its next record not yet due), by pipeline; \
+                     each drops what librdkafka had prefetched for it.", labels ["pipeline"];
     pipeline_degraded: IntGaugeVec = "1 while a pipeline waits for an unavailable dependency (database or broker down) with its \
                      partitions paused, 0 otherwise.", labels ["pipeline"];
     dependency_waits_total: IntCounterVec = "Handler attempts that found a dependency unavailable; they cost no record any retry, by pipeline.", labels ["pipeline"];

@@ -100,8 +100,8 @@ impl DriverState {
                 continue;
             }
             // The queue holds records not yet started; the semaphore of the partition consumer
-            // bounds those in flight. A queue of one would pause and refetch per record.
-            let (tx, rx) = mpsc::channel(self.spec.max_in_flight.max(64));
+            // bounds those in flight.
+            let (tx, rx) = mpsc::channel(self.spec.queue_capacity());
             let shared = Arc::new(PartitionShared::default());
             let (topic, partition) = tp.clone();
             let (max, registry, state) = (self.spec.max_in_flight, Arc::clone(&self.registry), Arc::clone(&shared));

@@ -1,6 +1,7 @@
-//! The driver loop of a pipeline: polls, routes records to their partition's queue
-//! (holding a partition whose next record does not fit: queue full, uncommitted window
-//! full, not yet due), serves pause and resume, follows the dependency health, stores
+//! The driver loop of a pipeline: polls, routes records to their partition's queue or,
+//! when it is full, to the partition's stash (holding the partition once the stash is full
+//! or its next record cannot go: uncommitted window full, not yet due), serves pause and
+//! resume, follows the dependency health, stores
 //! watermarks and publishes gauges and status.
 
 use std::collections::HashMap;
@@ -67,9 +68,7 @@ pub(super) fn drive(
             }
         }
         follow_health(consumer, shared);
-        let ready = shared.slots().values().any(|s| {
-            s.stash.front().is_some_and(|r| is_due(shared, r) && s.admits(r.offset, shared.spec.max_uncommitted))
-        });
+        let ready = shared.slots().values().any(|s| s.stash.front().is_some_and(|r| is_ready(shared, s, r)));
         let waiting = shared.slots().values().any(|s| !s.stash.is_empty());
         let timeout = Duration::from_millis(if ready {
             5
@@ -189,33 +188,41 @@ fn route(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, record: A
         // Not (or no longer) ours: it stays uncommitted and goes to the partition's owner.
         return;
     };
-    if !slot.stash.is_empty() {
+    let ready = is_ready(shared, slot, &record);
+    if !slot.stash.is_empty() || !ready {
         slot.stash.push_back(record);
-        return;
-    }
-    if !is_due(shared, &record) || !slot.admits(record.offset, shared.spec.max_uncommitted) {
-        slot.stash.push_back(record);
-        hold(consumer, shared, &tp);
+        if !ready || slot.stash.len() >= shared.spec.queue_capacity() {
+            hold(consumer, shared, &tp);
+        }
         return;
     }
     let offset = record.offset;
     match slot.tx.try_send(record) {
         Ok(()) => taken(consumer, slot, &tp, offset),
-        Err(mpsc::error::TrySendError::Full(record)) => {
-            slot.stash.push_back(record);
-            hold(consumer, shared, &tp);
-        }
+        // The queue is full: the stash takes what librdkafka already fetched, up to a second
+        // queue's worth, so that a partition under back-pressure keeps its prefetch instead
+        // of dropping it at every pause.
+        Err(mpsc::error::TrySendError::Full(record)) => slot.stash.push_back(record),
         Err(mpsc::error::TrySendError::Closed(_)) => lost(shared, &tp),
     }
 }
 
-/// Pauses a partition whose next record is in hand (queue full, window full, or not yet
-/// due).
+/// Pauses a partition whose records in hand reached their bound: the stash full, or its
+/// next record not admitted yet (uncommitted window full, or not yet due).
 /// librdkafka drops what it prefetched for it and, on resume, fetches again after the last
-/// record handed to tally.
+/// record handed to tally (the stash's newest).
 fn hold(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, tp: &TopicPartition) {
     let fetch = shared.pauses().hold(tp);
+    if fetch != Fetch::Unchanged {
+        shared.metrics.partition_holds_total.with_label_values(&[&shared.spec.name]).inc();
+    }
     apply(consumer, shared, &fetch);
+}
+
+/// Whether `record` may go to its partition consumer now: due, and inside the uncommitted
+/// window.
+fn is_ready(shared: &DriverState, slot: &Slot, record: &Record) -> bool {
+    is_due(shared, record) && slot.admits(record.offset, shared.spec.max_uncommitted)
 }
 
 /// Whether `record` may be handled now (always, unless the pipeline reads a due header).
@@ -225,11 +232,15 @@ fn is_due(shared: &DriverState, record: &Record) -> bool {
     due <= chrono::Utc::now().timestamp_millis()
 }
 
+/// Hands stashed records over while their queue takes them, and lets a held partition
+/// fetch again once its stash is down to half its bound with a ready record at its head:
+/// the half still in hand covers the refetch.
 fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
     let mut slots = shared.slots();
+    let bound = shared.spec.queue_capacity();
     for ((topic, partition), slot) in slots.iter_mut() {
         while let Some(record) = slot.stash.pop_front() {
-            if !is_due(shared, &record) || !slot.admits(record.offset, shared.spec.max_uncommitted) {
+            if !is_ready(shared, slot, &record) {
                 slot.stash.push_front(record);
                 break;
             }
@@ -247,11 +258,20 @@ fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
                 }
             }
         }
-        if slot.stash.is_empty() {
+        let head_ready = slot.stash.front().is_none_or(|r| is_ready(shared, slot, r));
+        if refetch_due(slot.stash.len(), bound, head_ready) {
             let fetch = shared.pauses().release(&(topic.clone(), *partition));
             apply(consumer, shared, &fetch);
         }
     }
+}
+
+/// Whether a partition with `stashed` records in hand (bound `bound`) may fetch again:
+/// nothing in hand, or at most half the bound behind a record that could go now. A
+/// partition held for a record not yet due, or for a full uncommitted window, stays held
+/// until that record is ready.
+pub(super) fn refetch_due(stashed: usize, bound: usize, head_ready: bool) -> bool {
+    stashed == 0 || (head_ready && stashed <= bound / 2)
 }
 
 /// The partition consumer of `tp` stopped while the partition is still ours (its actor
@@ -382,4 +402,19 @@ fn publish_gauges(shared: &DriverState) {
     status.waiting_for_dependency = degradation.as_ref().map_or(0, |d| d.waiting);
     status.degraded_seconds = degradation.as_ref().map(|d| d.since.as_secs_f64());
     status.degraded_reason = degradation.map(|d| d.reason);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refetch_due;
+
+    #[test]
+    fn a_held_partition_fetches_again_at_half_its_bound_behind_a_ready_record() {
+        assert!(refetch_due(0, 512, true), "nothing in hand");
+        assert!(refetch_due(0, 512, false), "nothing in hand: no head to wait for");
+        assert!(!refetch_due(512, 512, true), "full");
+        assert!(!refetch_due(257, 512, true), "more than half");
+        assert!(refetch_due(256, 512, true), "half: the rest covers the refetch");
+        assert!(!refetch_due(1, 512, false), "the head is not due or not admitted: fetching would only stash more");
+    }
 }

@@ -162,6 +162,7 @@ pub(crate) fn publish_initial(metrics: &Metrics, pipeline: &str) {
     metrics.retries_total.with_label_values(&[pipeline]).inc_by(0);
     metrics.dependency_waits_total.with_label_values(&[pipeline]).inc_by(0);
     metrics.stage_restarts_total.with_label_values(&[pipeline]).inc_by(0);
+    metrics.partition_holds_total.with_label_values(&[pipeline]).inc_by(0);
     metrics.records_total.with_label_values(&[pipeline, "dead_lettered"]).inc_by(0);
     metrics.handler_seconds.with_label_values(&[pipeline]);
     metrics.live_actors.with_label_values(&[pipeline]).set(0);

@@ -30,7 +30,8 @@ pub(crate) struct PauseState {
     admin: bool,
     /// Paused because the pipeline is degraded.
     degraded: bool,
-    /// Partitions paused one by one: their next record waits in the stash.
+    /// Partitions paused one by one: the records in hand reached their bound (see
+    /// `driver::refetch_due`).
     held: HashSet<TopicPartition>,
 }
 
@@ -83,8 +84,8 @@ impl PauseState {
         }
     }
 
-    /// Partition `tp`'s stash is empty: it fetches again, unless the whole pipeline is
-    /// paused (it resumes with the others then).
+    /// Partition `tp` may fetch again (its stash is low enough): it does, unless the whole
+    /// pipeline is paused (it resumes with the others then).
     pub(crate) fn release(&mut self, tp: &TopicPartition) -> Fetch {
         if self.held.remove(tp) && self.flowing() {
             Fetch::Resume(tp.clone())
@@ -157,7 +158,7 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_is_paused_once_and_resumed_when_its_stash_is_empty() {
+    fn a_partition_is_paused_once_and_resumed_once() {
         let mut s = PauseState::default();
         assert_eq!(s.hold(&tp(1)), Fetch::Pause(tp(1)));
         assert_eq!(s.hold(&tp(1)), Fetch::Unchanged, "already paused");

@@ -14,7 +14,8 @@ pub struct PipelineSpec {
     /// Consumer settings ([`crate::kafka_clients::KafkaClients::group_consumer`]); the pipeline
     /// sets its group and manual offset storage on top.
     pub client: ClientConfig,
-    /// Records in flight per partition before the partition stops fetching.
+    /// Records in flight per partition; past it, they queue (see
+    /// [`PipelineSpec::queue_capacity`]).
     pub max_in_flight: usize,
     /// Offsets at most between a partition's completed watermark and the newest record
     /// taken; past it the partition is held until the head of line completes.
@@ -35,6 +36,13 @@ pub struct PipelineSpec {
 }
 
 impl PipelineSpec {
+    /// Records a partition keeps queued for its consumer, not yet started (at least 64: a
+    /// queue of one would pause and refetch per record). The stash may hold as many again
+    /// before the partition stops fetching (see `driver.rs`).
+    pub(super) fn queue_capacity(&self) -> usize {
+        self.max_in_flight.max(64)
+    }
+
     pub(super) fn consumer_config(&self) -> ClientConfig {
         let mut c = self.client.clone();
         // Not overridable: correctness depends on them.

@@ -6,7 +6,8 @@ use super::*;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConsumerConfig {
-    /// Records in flight per partition; when reached, the partition stops fetching.
+    /// Records in flight per partition. As many again (at least 64) queue for them, and as
+    /// many again are stashed, before the partition stops fetching.
     pub max_in_flight: usize,
     /// Offsets at most between a partition's committed watermark and the newest record
     /// taken (records completed behind an unfinished one count); past it the partition

@@ -95,7 +95,7 @@ const KEYS: &[(&str, &str)] = &[
     ("pipelines", "Which stages this daemon runs."),
     ("pipelines.outbox", "Publish outbox rows to Kafka."),
     ("consumer", "Consumption limits shared by every pipeline."),
-    ("consumer.max_in_flight", "Records in flight per partition; when reached, the partition stops fetching."),
+    ("consumer.max_in_flight", "Records in flight per partition; as many again (at least 64) queue and as many are stashed before the partition stops fetching."),
     ("consumer.max_uncommitted", "Offsets at most between a partition's committed watermark and its newest record."),
     ("consumer.max_live_workers", "Live keyed worker actors per pipeline."),
     ("consumer.idle_after_secs", "Keyed workers idle this long are passivated."),

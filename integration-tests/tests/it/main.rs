@@ -3,6 +3,7 @@
 //! it <module>::` runs one area (e.g. `chaos::`, as `make chaos` does).
 
 mod api_docs;
+mod backpressure;
 mod bench;
 mod broker;
 mod chaos;
