@@ -258,20 +258,23 @@ fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
                 }
             }
         }
-        let head_ready = slot.stash.front().is_none_or(|r| is_ready(shared, slot, r));
-        if refetch_due(slot.stash.len(), bound, head_ready) {
-            let fetch = shared.pauses().release(&(topic.clone(), *partition));
+        // Only a held partition's stash is looked through, at most half a bound of it.
+        let tp = (topic.clone(), *partition);
+        let held = shared.pauses().is_held(&tp);
+        if held && refetch_due(slot.stash.len(), bound, || slot.stash.iter().all(|r| is_ready(shared, slot, r))) {
+            let fetch = shared.pauses().release(&tp);
             apply(consumer, shared, &fetch);
         }
     }
 }
 
-/// Whether a partition with `stashed` records in hand (bound `bound`) may fetch again:
-/// nothing in hand, or at most half the bound behind a record that could go now. A
-/// partition held for a record not yet due, or for a full uncommitted window, stays held
-/// until that record is ready.
-pub(super) fn refetch_due(stashed: usize, bound: usize, head_ready: bool) -> bool {
-    stashed == 0 || (head_ready && stashed <= bound / 2)
+/// Whether a held partition with `stashed` records in hand (bound `bound`) may fetch
+/// again: nothing in hand, or at most half the bound, every one of them able to go now.
+/// A partition held for a record not yet due, or for a full uncommitted window, stays
+/// held until that record is ready: what it fetched would only be stashed, one record per
+/// pause.
+pub(super) fn refetch_due(stashed: usize, bound: usize, all_ready: impl FnOnce() -> bool) -> bool {
+    stashed == 0 || (stashed <= bound / 2 && all_ready())
 }
 
 /// The partition consumer of `tp` stopped while the partition is still ours (its actor
@@ -409,12 +412,15 @@ mod tests {
     use super::refetch_due;
 
     #[test]
-    fn a_held_partition_fetches_again_at_half_its_bound_behind_a_ready_record() {
-        assert!(refetch_due(0, 512, true), "nothing in hand");
-        assert!(refetch_due(0, 512, false), "nothing in hand: no head to wait for");
-        assert!(!refetch_due(512, 512, true), "full");
-        assert!(!refetch_due(257, 512, true), "more than half");
-        assert!(refetch_due(256, 512, true), "half: the rest covers the refetch");
-        assert!(!refetch_due(1, 512, false), "the head is not due or not admitted: fetching would only stash more");
+    fn a_held_partition_fetches_again_at_half_its_bound_when_all_it_holds_can_go() {
+        let unreachable = || -> bool { panic!("a full or empty stash is not looked through") };
+        assert!(refetch_due(0, 512, unreachable), "nothing in hand");
+        assert!(!refetch_due(512, 512, unreachable), "full");
+        assert!(!refetch_due(257, 512, unreachable), "more than half");
+        assert!(refetch_due(256, 512, || true), "half: the rest covers the refetch");
+        assert!(
+            !refetch_due(3, 512, || false),
+            "a record in hand is not due or not admitted: fetching would only stash more"
+        );
     }
 }
