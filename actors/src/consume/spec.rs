@@ -14,8 +14,8 @@ pub struct PipelineSpec {
     /// Consumer settings ([`crate::kafka_clients::KafkaClients::group_consumer`]); the pipeline
     /// sets its group and manual offset storage on top.
     pub client: ClientConfig,
-    /// Records in flight per partition; past it, they queue (see
-    /// [`PipelineSpec::queue_capacity`]).
+    /// Records in flight per partition; past it, as many again (at least 64) queue, and as
+    /// many again are stashed before the partition stops fetching.
     pub max_in_flight: usize,
     /// Offsets at most between a partition's completed watermark and the newest record
     /// taken; past it the partition is held until the head of line completes.
