@@ -44,6 +44,13 @@ impl Slot {
     pub(super) fn admits(&self, offset: i64, max_uncommitted: usize) -> bool {
         window_admits(offset, self.shared.watermark.load(Ordering::Acquire), self.first_taken, max_uncommitted)
     }
+
+    /// Records received and not finished: in flight, queued for the partition consumer,
+    /// and stashed.
+    pub(super) fn in_hand(&self) -> usize {
+        let queued = self.tx.max_capacity() - self.tx.capacity();
+        self.shared.in_flight.load(Ordering::Relaxed) + queued + self.stash.len()
+    }
 }
 
 pub(crate) type TopicPartition = (String, i32);

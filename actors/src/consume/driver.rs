@@ -366,7 +366,7 @@ fn publish_gauges(shared: &DriverState) {
     let name = &shared.spec.name;
     let mut oldest = 0_u64;
     for ((_, partition), slot) in shared.slots().iter() {
-        let in_flight = slot.shared.in_flight.load(Ordering::Relaxed) + slot.stash.len();
+        let in_flight = slot.in_hand();
         shared.metrics.inflight.with_label_values(&[name, &partition.to_string()]).set(in_flight as i64);
         oldest = oldest.max(slot.shared.oldest_age_ms.load(Ordering::Relaxed));
     }
@@ -389,7 +389,7 @@ fn publish_gauges(shared: &DriverState) {
                 committed_offset: (committed >= 0).then_some(committed),
                 stored_offset: (slot.stored >= 0).then_some(slot.stored + 1),
                 lag: (lag >= 0).then_some(lag),
-                in_flight: slot.shared.in_flight.load(Ordering::Relaxed) + slot.stash.len(),
+                in_flight: slot.in_hand(),
                 held: pauses.is_held(&(topic.clone(), *partition)),
             }
         })

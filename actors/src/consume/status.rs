@@ -49,6 +49,7 @@ pub struct PartitionStatus {
     /// The next offset to commit, as stored by tally.
     pub stored_offset: Option<i64>,
     pub lag: Option<i64>,
+    /// Records received and not finished: in flight, queued and stashed.
     pub in_flight: usize,
     /// Paused by backpressure, the uncommitted window, or a not-yet-due retry record.
     pub held: bool,
