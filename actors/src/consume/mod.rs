@@ -34,6 +34,7 @@ mod partition;
 mod pause;
 mod spec;
 mod stall;
+mod stash;
 mod status;
 mod supervised;
 mod worker;

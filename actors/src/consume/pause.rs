@@ -31,7 +31,7 @@ pub(crate) struct PauseState {
     /// Paused because the pipeline is degraded.
     degraded: bool,
     /// Partitions paused one by one: the records in hand reached their bound (see
-    /// `driver::refetch_due`).
+    /// `stash::refetch_due`).
     held: HashSet<TopicPartition>,
 }
 

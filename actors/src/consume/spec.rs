@@ -38,7 +38,7 @@ pub struct PipelineSpec {
 impl PipelineSpec {
     /// Records a partition keeps queued for its consumer, not yet started (at least 64: a
     /// queue of one would pause and refetch per record). The stash may hold as many again
-    /// before the partition stops fetching (see `driver.rs`).
+    /// before the partition stops fetching (see `stash.rs`).
     pub(super) fn queue_capacity(&self) -> usize {
         self.max_in_flight.max(64)
     }
