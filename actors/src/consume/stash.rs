@@ -14,6 +14,8 @@ use super::driver::apply;
 use super::pause::Fetch;
 use super::Record;
 
+/// Hands `record` to its partition's queue, or to the stash when the queue is full or the
+/// stash already holds older records; holds the partition as [`hold`] says.
 pub(super) fn route(consumer: &BaseConsumer<DriverContext>, shared: &DriverState, record: Arc<Record>) {
     let mut slots = shared.slots();
     let tp = (record.topic.clone(), record.partition);
@@ -66,8 +68,8 @@ pub(super) fn is_due(shared: &DriverState, record: &Record) -> bool {
 }
 
 /// Hands stashed records over while their queue takes them, and lets a held partition
-/// fetch again once its stash is down to half its bound with a ready record at its head:
-/// the half still in hand covers the refetch.
+/// fetch again as [`refetch_due`] says: once its stash is down to half its bound with every
+/// record in it ready, the half still in hand covering the refetch.
 pub(super) fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &DriverState) {
     let mut slots = shared.slots();
     let bound = shared.spec.queue_capacity();
