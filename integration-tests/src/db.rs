@@ -77,6 +77,7 @@ impl TestDb {
             statement_timeout,
             connect_timeout: std::time::Duration::from_secs(5),
             application_name: application_name.to_owned(),
+            outbox_notify_after_commit: false,
         })
         .expect("a pool on the test database")
     }

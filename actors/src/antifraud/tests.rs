@@ -30,6 +30,7 @@ fn spec() -> AntifraudSpec {
             statement_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
             application_name: "test".into(),
+            outbox_notify_after_commit: false,
         })
         .expect("a pool (opens nothing)"),
     }

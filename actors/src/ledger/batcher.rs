@@ -23,6 +23,7 @@ use tokio::sync::oneshot;
 use super::policy::{account_key, take_free, FlushPolicy, HeldAccounts, OnRequest};
 use super::settle::{settle_batch, LedgerTopics, SettleOutcome, SettleRequest};
 use crate::metrics::Metrics;
+use crate::outbox::CommitBell;
 use crate::store::PgPool;
 use crate::supervise::{Classify, ErrorClass};
 
@@ -97,6 +98,8 @@ pub struct SettlementBatcher {
     held: HeldAccounts,
     /// Waiting requests, with their accounts' keys in [`HeldAccounts`].
     pending: VecDeque<(SettleRequest, Reply, [u64; 2])>,
+    /// Rung after each batch that committed (its outbox rows wait for the publishers).
+    committed: Option<CommitBell>,
 }
 
 impl SettlementBatcher {
@@ -110,7 +113,25 @@ impl SettlementBatcher {
         linger: Duration,
     ) -> Self {
         let policy = FlushPolicy::new(settler.max_batch(), max_concurrent);
-        Self { pool, topics, metrics, settler, linger, policy, held: HeldAccounts::default(), pending: VecDeque::new() }
+        Self {
+            pool,
+            topics,
+            metrics,
+            settler,
+            linger,
+            policy,
+            held: HeldAccounts::default(),
+            pending: VecDeque::new(),
+            committed: None,
+        }
+    }
+
+    /// Rings `bell` after each batch that committed: for a pool whose connections leave the
+    /// outbox notification to their writers (`tally.outbox_notify = 'after_commit'`).
+    #[must_use]
+    pub fn with_commit_bell(mut self, bell: CommitBell) -> Self {
+        self.committed = Some(bell);
+        self
     }
 
     fn flush(&mut self, ctx: &mut Context<Self>) {
@@ -124,9 +145,13 @@ impl SettlementBatcher {
             let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|(r, reply, _)| (r, reply)).unzip();
             self.metrics.settlement_batch_size.observe(requests.len() as f64);
             let (pool, topics, settler) = (self.pool.clone(), self.topics.clone(), Arc::clone(&self.settler));
+            let committed = self.committed.clone();
             let size = requests.len();
             let work = async move {
                 let results = settle_with_split(pool, topics, settler, requests).await;
+                if let Some(bell) = committed.filter(|_| results.iter().any(Result::is_ok)) {
+                    bell.ring();
+                }
                 let transient = results.iter().any(|r| r.as_ref().is_err_and(|e| e.class() == ErrorClass::Transient));
                 for (reply, result) in replies.into_iter().zip(results) {
                     let _ = reply.send(result);

@@ -1,12 +1,16 @@
-//! PostgreSQL LISTEN on `tally_outbox`: the trigger on `outbox_events` notifies at commit,
-//! and every notification wakes the publisher. A lost connection is re-opened with backoff;
-//! the publisher's poll interval covers the gap.
+//! PostgreSQL LISTEN and NOTIFY on `tally_outbox`. The trigger on `outbox_events`
+//! notifies at commit, except on the connections of tally's own writers, which ring a
+//! [`super::CommitBell`] after their commit instead: the announcer sends that notification
+//! then, outside the writing transaction. Every notification but this daemon's own wakes
+//! the publisher. A lost connection is re-opened with backoff; the publisher's poll
+//! interval covers the gap.
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{stream, StreamExt};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio_postgres::AsyncMessage;
 use tracing::{debug, warn};
 
@@ -17,17 +21,48 @@ use crate::store::PgConnector;
 /// The notification channel written by the `outbox_events_notify` trigger.
 pub const CHANNEL: &str = "tally_outbox";
 
-/// Listens for outbox commits and notifies `wake` until `stop` turns true.
+/// `application_name` of a daemon's LISTEN connection.
+const LISTENER_NAME: &str = "tally-outbox-listen";
+/// `application_name` of a daemon's announcer connection.
+const ANNOUNCER_NAME: &str = "tally-outbox-notify";
+
+/// This daemon on the channel: the token its announcer sends (its listener skips it), and
+/// the backend pid of its LISTEN connection, 0 while it has none (its announcer looks for
+/// listeners other than that one).
+#[derive(Debug)]
+pub struct Own {
+    pub token: String,
+    listener_pid: AtomicI32,
+}
+
+impl Own {
+    /// A fresh random token.
+    #[must_use]
+    pub fn new() -> Self {
+        Self { token: uuid::Uuid::new_v4().to_string(), listener_pid: AtomicI32::new(0) }
+    }
+}
+
+impl Default for Own {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Listens for outbox commits and notifies `wake` until `stop` turns true. Notifications
+/// whose payload is `own`'s token (this daemon's announcer's) are skipped: its bell rang
+/// already.
 #[must_use]
 pub fn spawn_listener(
     url: String,
     wake: Arc<Doorbell>,
+    own: Arc<Own>,
     mut stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut waits = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(10)).waits();
         while !*stop.borrow() {
-            match listen_once(&url, &wake, &mut stop).await {
+            match listen_once(&url, &wake, &own, &mut stop).await {
                 Ok(()) => return,
                 Err(e) => {
                     warn!(error = %e, "Outbox LISTEN connection lost; polling until it is back.");
@@ -41,36 +76,140 @@ pub fn spawn_listener(
     })
 }
 
-async fn listen_once(url: &str, wake: &Doorbell, stop: &mut watch::Receiver<bool>) -> anyhow::Result<()> {
+async fn listen_once(url: &str, wake: &Doorbell, own: &Own, stop: &mut watch::Receiver<bool>) -> anyhow::Result<()> {
     let (client, mut connection) = PgConnector::from_url(url)?.connect().await?;
     let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
-    // Named like the pools' connections, so that it shows in pg_stat_activity.
-    let sql = format!("SET application_name = 'tally-outbox-listen'; LISTEN {CHANNEL}");
-    let listen = client.batch_execute(&sql);
-    tokio::pin!(listen);
-    // Drive the connection while the LISTEN command runs.
-    loop {
-        tokio::select! {
-            done = &mut listen => { done?; break; }
-            msg = messages.next() => match msg {
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e.into()),
-                None => return Ok(()),
-            },
-        }
-    }
+    // Named like the pools' connections, so that it shows in pg_stat_activity, where the
+    // announcers look for listeners.
+    let sql = format!("SET application_name = '{LISTENER_NAME}'; LISTEN {CHANNEL}");
+    while_driving(client.batch_execute(&sql), &mut messages).await?;
+    let pid: i32 = while_driving(client.query_one("SELECT pg_backend_pid()", &[]), &mut messages).await?.get(0);
+    own.listener_pid.store(pid, Ordering::Relaxed);
     debug!(channel = CHANNEL, "Listening for outbox commits.");
     // A commit may have happened before LISTEN took effect.
     wake.ring();
-    loop {
-        tokio::select! {
-            msg = messages.next() => match msg {
-                Some(Ok(AsyncMessage::Notification(_))) => wake.ring(),
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e.into()),
-                None => return Ok(()),
-            },
-            _ = stop.changed() => return Ok(()),
+    let heard = async {
+        loop {
+            tokio::select! {
+                msg = messages.next() => match msg {
+                    Some(Ok(AsyncMessage::Notification(n))) if n.payload() != own.token => wake.ring(),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(e.into()),
+                    // A closed connection is opened again, as a failed one.
+                    None => anyhow::bail!("the connection closed"),
+                },
+                _ = stop.changed() => return Ok(()),
+            }
         }
     }
+    .await;
+    own.listener_pid.store(0, Ordering::Relaxed);
+    heard
+}
+
+/// Runs `work` on the connection whose messages are `messages`, driving it meanwhile.
+async fn while_driving<T>(
+    work: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    messages: &mut (impl futures_util::Stream<Item = Result<AsyncMessage, tokio_postgres::Error>> + Unpin),
+) -> anyhow::Result<T> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            done = &mut work => return Ok(done?),
+            msg = messages.next() => match msg {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.into()),
+                None => anyhow::bail!("the connection closed"),
+            },
+        }
+    }
+}
+
+/// Sends a notification on [`CHANNEL`], with this daemon's token as its payload, after
+/// each ring of `announce` (see [`super::CommitBell`]), on a connection of its own, until
+/// `stop` turns true. Rings that come while one is on its way are answered by one more
+/// after it.
+///
+/// Only while another daemon listens: every [`LISTENERS_CHECK`] it looks in
+/// `pg_stat_activity` for a LISTEN connection other than its own daemon's, and while there
+/// is none it sends nothing (its own loops were rung already). A daemon that starts
+/// listening meanwhile sweeps every free shard first, and is announced to within that
+/// interval.
+///
+/// A lost connection is re-opened with backoff; meanwhile other daemons' publishers find
+/// the rows at their next claim or poll.
+#[must_use]
+pub fn spawn_announcer(
+    url: String,
+    announce: Arc<Notify>,
+    own: Arc<Own>,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut waits = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(10)).waits();
+        while !*stop.borrow() {
+            match announce_once(&url, &announce, &own, &mut stop).await {
+                Ok(()) => return,
+                Err(e) => {
+                    warn!(error = %e, "Outbox NOTIFY connection lost; other daemons poll until it is back.");
+                    tokio::select! {
+                        () = tokio::time::sleep(waits.next_wait()) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// How often the announcer looks for other daemons' LISTEN connections.
+pub const LISTENERS_CHECK: Duration = Duration::from_secs(1);
+
+async fn announce_once(
+    url: &str,
+    announce: &Notify,
+    own: &Own,
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let (client, connection) = PgConnector::from_url(url)?.connect().await?;
+    let driver = tokio::spawn(connection);
+    let announced = async {
+        client.batch_execute(&format!("SET application_name = '{ANNOUNCER_NAME}'")).await?;
+        let notify = client.prepare("SELECT pg_notify($1, $2)").await?;
+        let others = client
+            .prepare(&format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+                 AND application_name = '{LISTENER_NAME}' AND pid <> $1)"
+            ))
+            .await?;
+        debug!(channel = CHANNEL, "Announcing outbox commits.");
+        let mut check = tokio::time::interval(LISTENERS_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut listened = false;
+        loop {
+            // The check is not starved by a steady stream of rings, and a ring that came
+            // before the stop is announced first.
+            tokio::select! {
+                biased;
+                _ = check.tick() => {
+                    let pid = own.listener_pid.load(Ordering::Relaxed);
+                    listened = client.query_one(&others, &[&pid]).await?.get(0);
+                }
+                () = announce.notified() => {
+                    if !listened {
+                        continue;
+                    }
+                    if let Err(e) = client.execute(&notify, &[&CHANNEL, &own.token]).await {
+                        // Sent again once the connection is back.
+                        announce.notify_one();
+                        return Err(e.into());
+                    }
+                }
+                _ = stop.changed() => return Ok::<(), anyhow::Error>(()),
+            }
+        }
+    }
+    .await;
+    driver.abort();
+    announced
 }

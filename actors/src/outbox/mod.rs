@@ -26,7 +26,7 @@ use crate::store::outbox::Reach;
 pub use crate::store::outbox::{PendingStats, SHARDS};
 pub use crate::store::outbox_parked::ParkedRow;
 pub use backlog::{parked_rows, pending_by_topic, refresh_gauges, retry_parked};
-pub use listen::{spawn_listener, CHANNEL};
+pub use listen::{spawn_announcer, spawn_listener, Own, CHANNEL, LISTENERS_CHECK};
 pub use refusal::Refusal;
 pub use relay::{BatchOutcome, OutboxError, OutboxRelay};
 
@@ -236,6 +236,42 @@ impl Doorbell {
 
     fn rings(&self) -> u64 {
         self.rings.load(Ordering::SeqCst)
+    }
+}
+
+/// Wakes the publishers after a commit that wrote outbox rows on a connection that sets
+/// `tally.outbox_notify = 'after_commit'`, for which the `outbox_events` trigger sends no
+/// notification: this daemon's publish loops at once (its [`Doorbell`]), and other
+/// daemons' through a notification that [`spawn_announcer`] sends outside the writing
+/// transaction, while another daemon listens. A notification in the writing transaction
+/// would make its commit wait for, and then hold through its flush, a lock that every
+/// committing transaction with a notification takes in turn.
+///
+/// Rings that come while a notification is on its way are answered by one more
+/// notification after it, so every commit is followed by a notification sent after it.
+#[derive(Debug, Clone, Default)]
+pub struct CommitBell {
+    local: Arc<Doorbell>,
+    announce: Arc<Notify>,
+}
+
+impl CommitBell {
+    /// A bell that rings `local` at once and asks the announcer for a notification.
+    #[must_use]
+    pub fn new(local: Arc<Doorbell>) -> Self {
+        Self { local, announce: Arc::default() }
+    }
+
+    /// Rows were committed.
+    pub fn ring(&self) {
+        self.local.ring();
+        self.announce.notify_one();
+    }
+
+    /// What the announcer waits on.
+    #[must_use]
+    pub fn announcements(&self) -> Arc<Notify> {
+        Arc::clone(&self.announce)
     }
 }
 

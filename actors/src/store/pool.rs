@@ -57,6 +57,10 @@ pub struct PoolSettings {
     pub statement_timeout: Duration,
     pub connect_timeout: Duration,
     pub application_name: String,
+    /// The pool's writers wake the outbox publishers themselves after they commit (a
+    /// [`crate::outbox::CommitBell`]): its connections set `tally.outbox_notify =
+    /// 'after_commit'`, and the `outbox_events` trigger sends no notification for them.
+    pub outbox_notify_after_commit: bool,
 }
 
 /// Builds the pool. Connections are opened lazily, each on the runtime of the task that
@@ -67,12 +71,15 @@ pub struct PoolSettings {
 /// cannot be built (an invalid size).
 pub fn build_pool(settings: &PoolSettings) -> anyhow::Result<PgPool> {
     let connector = PgConnector::from_url(&settings.url)?;
-    let setup_sql = format!(
+    let mut setup_sql = format!(
         "SET statement_timeout = {}; SET application_name = '{}'; SET lock_timeout = {};",
         settings.statement_timeout.as_millis(),
         settings.application_name.replace('\'', ""),
         settings.statement_timeout.as_millis(),
     );
+    if settings.outbox_notify_after_commit {
+        setup_sql.push_str(" SET tally.outbox_notify = 'after_commit';");
+    }
     let mut config = ManagerConfig::<AsyncPgConnection>::default();
     config.custom_setup = Box::new(move |_url| {
         let setup_sql = setup_sql.clone();

@@ -47,6 +47,7 @@ pub(crate) fn supervision(max_retries: u32) -> Supervision {
         statement_timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_millis(100),
         application_name: "test".into(),
+        outbox_notify_after_commit: false,
     })
     .expect("pool");
     let metrics = Metrics::new().expect("metrics");

@@ -82,6 +82,7 @@ pub struct Daemon {
     dlt_producer: FutureProducer,
     listener_stop: watch::Sender<bool>,
     listener: Option<tokio::task::JoinHandle<()>>,
+    announcer: tokio::task::JoinHandle<()>,
     kafka: KafkaEndpoint,
     /// Disconnects once the HTTP state (it holds Kafka clients) is dropped, which HTTP
     /// worker threads do a moment after the servers stopped.
@@ -120,18 +121,30 @@ pub async fn start(
         .producer("tally-dlt", Duration::from_secs(30))
         .create()
         .context("cannot create the dead-letter producer (check kafka.producer settings)")?;
+    // The intake and the ledger wake the publishers after their commits: this daemon's
+    // through the doorbell, other daemons' through the announcer's notification, which
+    // carries this daemon's own token so that its own listener can skip it.
+    let wake = Arc::new(outbox::Doorbell::default());
+    let commits = outbox::CommitBell::new(Arc::clone(&wake));
+    let own = Arc::new(outbox::Own::new());
+    let (listener_stop, listener_rx) = watch::channel(false);
+    let announcer = outbox::spawn_announcer(
+        config.database.connect_url(),
+        commits.announcements(),
+        Arc::clone(&own),
+        listener_rx.clone(),
+    );
     let wiring = stages::Wiring {
         config: &config,
         bootstrap: &kafka.bootstrap,
         pools: pools.clone(),
         metrics: metrics.clone(),
         dlt_producer: dlt_producer.clone(),
+        outbox_commits: commits.clone(),
     };
     let running = stages::start_all(&wiring)?;
     let controls = running.iter().flat_map(stages::Running::controls).collect();
 
-    let wake = Arc::new(outbox::Doorbell::default());
-    let (listener_stop, listener_rx) = watch::channel(false);
     let mut listener = None;
     let mut publisher = None;
     if config.pipelines.runs(crate::config::OUTBOX) {
@@ -151,7 +164,7 @@ pub async fn start(
             concurrency: config.outbox.concurrency,
         };
         if config.outbox.listen {
-            listener = Some(outbox::spawn_listener(config.database.connect_url(), Arc::clone(&wake), listener_rx));
+            listener = Some(outbox::spawn_listener(config.database.connect_url(), Arc::clone(&wake), own, listener_rx));
         }
         publisher = Some(OutboxPublisher::new(relay, settings, wake).start());
     } else {
@@ -167,7 +180,7 @@ pub async fn start(
     let (state_dropped_tx, state_dropped) = std::sync::mpsc::channel();
     let intake = GroupCommit::start(
         "intake",
-        IntakeBatch { topic: config.kafka.topics.transfers_requested.clone() },
+        IntakeBatch { topic: config.kafka.topics.transfers_requested.clone(), committed: commits },
         pools.get(DbPool::INTAKE).clone(),
         GroupCommitSettings {
             max_batch: config.http.intake_batch_max,
@@ -215,6 +228,7 @@ pub async fn start(
         dlt_producer,
         listener_stop,
         listener,
+        announcer,
         kafka,
         state_dropped,
     };
@@ -254,6 +268,7 @@ impl Daemon {
         if let Some(listener) = self.listener {
             let _ = listener.await;
         }
+        let _ = self.announcer.await;
         info!("Shutdown: stopping the admin listener.");
         self.admin.stop(true).await;
         for server in self.servers {

@@ -56,6 +56,7 @@ fn settings(config: &Config, pool: DbPool) -> PoolSettings {
         statement_timeout: config.database.statement_timeout,
         connect_timeout: config.database.connect_timeout,
         application_name: format!("tally-{}", pool.name()),
+        outbox_notify_after_commit: crate::stages::rings_after_commit(pool),
     }
 }
 

@@ -202,6 +202,7 @@ fn pool(base: &Config, url: &str, clients: usize) -> anyhow::Result<PgPool> {
         statement_timeout: base.database.statement_timeout,
         connect_timeout: base.database.connect_timeout,
         application_name: "tally-bench-floor".into(),
+        outbox_notify_after_commit: true,
     })
 }
 

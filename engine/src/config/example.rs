@@ -83,7 +83,7 @@ const KEYS: &[(&str, &str)] = &[
     ("outbox", "The transactional outbox publisher."),
     ("outbox.batch_size", "Rows claimed per batch."),
     ("outbox.poll_interval_ms", "Claim again after this long even without a notification."),
-    ("outbox.listen", "Wake on PostgreSQL LISTEN/NOTIFY."),
+    ("outbox.listen", "Wake on other daemons' commits through PostgreSQL LISTEN (this daemon's own commits wake it regardless)."),
     ("outbox.retention_secs", "How long published rows are kept before deletion."),
     ("outbox.cleanup_interval_secs", "How often published rows past their retention are deleted."),
     ("outbox.send_timeout_ms", "Longest wait for the broker's acknowledgement of one batch."),

@@ -7,6 +7,7 @@ use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
+use tally_actors::outbox::CommitBell;
 use tally_actors::trace;
 use tally_schema::models::Transfer;
 use tally_schema::values::parse_amount;
@@ -198,6 +199,9 @@ async fn accept_transfer(
 pub struct IntakeBatch {
     /// Where `TransferRequested` events go (`kafka.topics.transfers_requested`).
     pub topic: String,
+    /// Rung after each commit: the intake's connections leave the outbox notification to
+    /// it (`tally.outbox_notify = 'after_commit'`).
+    pub committed: CommitBell,
 }
 
 /// A failed intake write: the answer, and whether one request's data can have caused it.
@@ -218,7 +222,11 @@ impl Batch for IntakeBatch {
         items: &'a [Intake],
     ) -> BoxFuture<'a, Result<Vec<Created>, IntakeError>> {
         async move {
-            transfers::create_transfers(conn, items, &self.topic).await.map_err(|e| match e.class() {
+            let created = transfers::create_transfers(conn, items, &self.topic).await;
+            if created.is_ok() {
+                self.committed.ring();
+            }
+            created.map_err(|e| match e.class() {
                 // Lost mid-transaction: the COMMIT may have reached the server.
                 ErrorClass::Unavailable => IntakeError {
                     answer: ApiError::OutcomeUnknown("the database connection was lost during the write".into()),

@@ -54,6 +54,7 @@ fn start(w: &Wiring<'_>) -> anyhow::Result<Running> {
         cfg.max_concurrent_batches,
         cfg.linger,
     )
+    .with_commit_bell(w.outbox_commits.clone())
     .start();
     let spec = w.spec(STAGE.name, &cfg.group_id, (STAGE.inputs)(w.config), &cfg.retry, w.statement_timeout());
     let pipeline = w.start_pipeline(&STAGE, spec, &cfg.retry, Arc::new(LedgerHandler::new(batcher)))?;

@@ -52,6 +52,14 @@ pub struct Stage {
 pub static STAGES: [&Stage; 5] =
     [&antifraud::STAGE, &ledger::STAGE, &projection::STAGE, &orders::STAGE, &notifications::STAGE];
 
+/// Whether the writers of `pool` wake the outbox publishers themselves after they commit
+/// ([`tally_actors::outbox::CommitBell`]) instead of through the trigger's notification:
+/// the intake's and the ledger's, the two that write outbox rows on every transfer.
+#[must_use]
+pub fn rings_after_commit(pool: DbPool) -> bool {
+    pool == DbPool::INTAKE || pool == ledger::STAGE.db_pool()
+}
+
 impl Stage {
     /// Its database pool.
     #[must_use]

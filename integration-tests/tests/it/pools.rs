@@ -138,7 +138,7 @@ async fn a_stage_holding_every_connection_of_its_pool_starves_no_other_stage() {
         .collect();
     assert_eq!(
         names,
-        ["tally-http", "tally-ledger", "tally-orders", "tally-outbox", "tally-outbox-listen"],
+        ["tally-http", "tally-ledger", "tally-orders", "tally-outbox", "tally-outbox-listen", "tally-outbox-notify"],
         "no connection of a stopped stage"
     );
 

@@ -42,7 +42,7 @@ fn transfer(amount: i64) -> Value {
 }
 
 /// Posts a transfer and waits until its outbox row is published: the intake's pool, the
-/// outbox's pool and its LISTEN connection have all been used.
+/// outbox's pool and its LISTEN and NOTIFY connections have all been used.
 async fn use_every_connection(env: &TestEnv, app: &TestApp) {
     let res = app.post_json("/transfers", &transfer(100)).await;
     assert_eq!(res.status(), StatusCode::CREATED, "POST /transfers");
@@ -69,7 +69,7 @@ async fn require_and_verify_ca_encrypt_every_connection_of_the_daemon() {
         use_every_connection(&env, &app).await;
         let connections = tally_connections(&env.db).await;
         let names: Vec<&str> = connections.iter().map(|(n, _)| n.as_str()).collect();
-        for wanted in ["tally-intake", "tally-outbox", "tally-outbox-listen"] {
+        for wanted in ["tally-intake", "tally-outbox", "tally-outbox-listen", "tally-outbox-notify"] {
             assert!(names.contains(&wanted), "{case}: no {wanted} connection among {connections:?}");
         }
         assert!(connections.iter().all(|(_, ssl)| *ssl), "{case}: a connection without TLS: {connections:?}");

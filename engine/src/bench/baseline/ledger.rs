@@ -165,6 +165,7 @@ fn read(
         statement_timeout: settings.statement_timeout,
         connect_timeout: settings.connect_timeout,
         application_name: "tally-bench-baseline".into(),
+        outbox_notify_after_commit: false,
     })
     .context("cannot build the baseline's pool")?;
     let consumer: Arc<StreamConsumer> = Arc::new(

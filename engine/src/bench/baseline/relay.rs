@@ -42,6 +42,7 @@ impl ClassicRelay {
             statement_timeout: config.database.statement_timeout,
             connect_timeout: config.database.connect_timeout,
             application_name: "tally-bench-relay".into(),
+            outbox_notify_after_commit: false,
         })
         .context("cannot build the relay's pool")?;
         let producer: FutureProducer = config

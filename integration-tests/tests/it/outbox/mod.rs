@@ -8,6 +8,7 @@
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 mod parked;
+mod wake;
 
 use crate::intake::{
     create_transfer, is_w3c_traceparent, transfer, wait_for_event_ids, wait_until_no_pending, TOPIC, TRACEPARENT,
