@@ -98,7 +98,7 @@ pub struct SettlementBatcher {
     held: HeldAccounts,
     /// Waiting requests, with their accounts' keys in [`HeldAccounts`].
     pending: VecDeque<(SettleRequest, Reply, [u64; 2])>,
-    /// Rung after each batch that committed (its outbox rows wait for the publishers).
+    /// Rung after each batch, committed or not (its outbox rows wait for the publishers).
     committed: Option<CommitBell>,
 }
 
@@ -126,7 +126,7 @@ impl SettlementBatcher {
         }
     }
 
-    /// Rings `bell` after each batch that committed: for a pool whose connections leave the
+    /// Rings `bell` after each batch, committed or not: for a pool whose connections leave the
     /// outbox notification to their writers (`tally.outbox_notify = 'after_commit'`).
     #[must_use]
     pub fn with_commit_bell(mut self, bell: CommitBell) -> Self {
@@ -149,7 +149,8 @@ impl SettlementBatcher {
             let size = requests.len();
             let work = async move {
                 let results = settle_with_split(pool, topics, settler, requests).await;
-                if let Some(bell) = committed.filter(|_| results.iter().any(Result::is_ok)) {
+                // Also after a failure: a COMMIT whose answer was lost may have committed.
+                if let Some(bell) = committed {
                     bell.ring();
                 }
                 let transient = results.iter().any(|r| r.as_ref().is_err_and(|e| e.class() == ErrorClass::Transient));

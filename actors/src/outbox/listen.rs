@@ -15,7 +15,7 @@ use tokio_postgres::AsyncMessage;
 use tracing::{debug, warn};
 
 use super::Doorbell;
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, Waits};
 use crate::store::PgConnector;
 
 /// The notification channel written by the `outbox_events_notify` trigger.
@@ -62,7 +62,7 @@ pub fn spawn_listener(
     tokio::spawn(async move {
         let mut waits = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(10)).waits();
         while !*stop.borrow() {
-            match listen_once(&url, &wake, &own, &mut stop).await {
+            match listen_once(&url, &wake, &own, &mut waits, &mut stop).await {
                 Ok(()) => return,
                 Err(e) => {
                     warn!(error = %e, "Outbox LISTEN connection lost; polling until it is back.");
@@ -76,15 +76,24 @@ pub fn spawn_listener(
     })
 }
 
-async fn listen_once(url: &str, wake: &Doorbell, own: &Own, stop: &mut watch::Receiver<bool>) -> anyhow::Result<()> {
+async fn listen_once(
+    url: &str,
+    wake: &Doorbell,
+    own: &Own,
+    waits: &mut Waits,
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let (client, mut connection) = PgConnector::from_url(url)?.connect().await?;
     let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
+    // Its own daemon's announcer must know it before it is named as a listener.
+    let pid: i32 = while_driving(client.query_one("SELECT pg_backend_pid()", &[]), &mut messages).await?.get(0);
+    own.listener_pid.store(pid, Ordering::Relaxed);
+    let _forgotten = ForgetOnDrop(&own.listener_pid);
     // Named like the pools' connections, so that it shows in pg_stat_activity, where the
     // announcers look for listeners.
     let sql = format!("SET application_name = '{LISTENER_NAME}'; LISTEN {CHANNEL}");
     while_driving(client.batch_execute(&sql), &mut messages).await?;
-    let pid: i32 = while_driving(client.query_one("SELECT pg_backend_pid()", &[]), &mut messages).await?.get(0);
-    own.listener_pid.store(pid, Ordering::Relaxed);
+    waits.reset();
     debug!(channel = CHANNEL, "Listening for outbox commits.");
     // A commit may have happened before LISTEN took effect.
     wake.ring();
@@ -103,8 +112,16 @@ async fn listen_once(url: &str, wake: &Doorbell, own: &Own, stop: &mut watch::Re
         }
     }
     .await;
-    own.listener_pid.store(0, Ordering::Relaxed);
     heard
+}
+
+/// Sets the listener's pid back to 0 however `listen_once` ends.
+struct ForgetOnDrop<'a>(&'a AtomicI32);
+
+impl Drop for ForgetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
 }
 
 /// Runs `work` on the connection whose messages are `messages`, driving it meanwhile.
@@ -133,8 +150,8 @@ async fn while_driving<T>(
 /// Only while another daemon listens: every [`LISTENERS_CHECK`] it looks in
 /// `pg_stat_activity` for a LISTEN connection other than its own daemon's, and while there
 /// is none it sends nothing (its own loops were rung already). A daemon that starts
-/// listening meanwhile sweeps every free shard first, and is announced to within that
-/// interval.
+/// listening sweeps every free shard first; the commits after that sweep and before the
+/// next look are announced by one notification at that look.
 ///
 /// A lost connection is re-opened with backoff; meanwhile other daemons' publishers find
 /// the rows at their next claim or poll.
@@ -148,7 +165,7 @@ pub fn spawn_announcer(
     tokio::spawn(async move {
         let mut waits = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(10)).waits();
         while !*stop.borrow() {
-            match announce_once(&url, &announce, &own, &mut stop).await {
+            match announce_once(&url, &announce, &own, &mut waits, &mut stop).await {
                 Ok(()) => return,
                 Err(e) => {
                     warn!(error = %e, "Outbox NOTIFY connection lost; other daemons poll until it is back.");
@@ -165,23 +182,44 @@ pub fn spawn_announcer(
 /// How often the announcer looks for other daemons' LISTEN connections.
 pub const LISTENERS_CHECK: Duration = Duration::from_secs(1);
 
+/// Longest the announcer waits for its connection or one statement before it opens the
+/// connection again: one left half-open by a failover would otherwise hold it (and the
+/// daemon's shutdown) until TCP gives up.
+const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(5);
+
+async fn bounded<T, E: Into<anyhow::Error>>(
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(ANNOUNCE_TIMEOUT, work).await {
+        Ok(done) => done.map_err(Into::into),
+        Err(_) => anyhow::bail!("no answer within {} s", ANNOUNCE_TIMEOUT.as_secs()),
+    }
+}
+
 async fn announce_once(
     url: &str,
     announce: &Notify,
     own: &Own,
+    waits: &mut Waits,
     stop: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let (client, connection) = PgConnector::from_url(url)?.connect().await?;
+    let (client, connection) = bounded(PgConnector::from_url(url)?.connect()).await?;
     let driver = tokio::spawn(connection);
     let announced = async {
-        client.batch_execute(&format!("SET application_name = '{ANNOUNCER_NAME}'")).await?;
-        let notify = client.prepare("SELECT pg_notify($1, $2)").await?;
-        let others = client
-            .prepare(&format!(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
-                 AND application_name = '{LISTENER_NAME}' AND pid <> $1)"
-            ))
-            .await?;
+        // A notification takes a transaction ID and a server-wide lock at commit: without
+        // waiting for the flush, the lock is held for a moment only. A notification needs
+        // no durability.
+        bounded(
+            client.batch_execute(&format!("SET application_name = '{ANNOUNCER_NAME}'; SET synchronous_commit = off")),
+        )
+        .await?;
+        let notify = bounded(client.prepare("SELECT pg_notify($1, $2)")).await?;
+        let others = bounded(client.prepare(&format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name = '{LISTENER_NAME}' AND pid <> $1)"
+        )))
+        .await?;
+        waits.reset();
         debug!(channel = CHANNEL, "Announcing outbox commits.");
         let mut check = tokio::time::interval(LISTENERS_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -193,16 +231,21 @@ async fn announce_once(
                 biased;
                 _ = check.tick() => {
                     let pid = own.listener_pid.load(Ordering::Relaxed);
-                    listened = client.query_one(&others, &[&pid]).await?.get(0);
+                    let was = listened;
+                    listened = bounded(client.query_one(&others, &[&pid])).await?.get(0);
+                    if listened && !was {
+                        // The commits since the newcomer's first sweep went unannounced.
+                        announce.notify_one();
+                    }
                 }
                 () = announce.notified() => {
                     if !listened {
                         continue;
                     }
-                    if let Err(e) = client.execute(&notify, &[&CHANNEL, &own.token]).await {
+                    if let Err(e) = bounded(client.execute(&notify, &[&CHANNEL, &own.token])).await {
                         // Sent again once the connection is back.
                         announce.notify_one();
-                        return Err(e.into());
+                        return Err(e);
                     }
                 }
                 _ = stop.changed() => return Ok::<(), anyhow::Error>(()),

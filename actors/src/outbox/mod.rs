@@ -248,7 +248,8 @@ impl Doorbell {
 /// committing transaction with a notification takes in turn.
 ///
 /// Rings that come while a notification is on its way are answered by one more
-/// notification after it, so every commit is followed by a notification sent after it.
+/// notification after it, so while another daemon listens every commit is followed by a
+/// notification sent after it.
 #[derive(Debug, Clone, Default)]
 pub struct CommitBell {
     local: Arc<Doorbell>,

@@ -1,8 +1,8 @@
 //! `[database.pools]`: a connection pool per stage, so that a stage holding every
 //! connection it may have (a backlog, a lock wait, a slow broker) leaves the other stages
 //! theirs. Sizes are maxima: connections open on demand, so a stage that does not run opens
-//! none. The defaults add up to 30 connections (31 with the outbox's LISTEN connection):
-//! three daemons fit PostgreSQL's default `max_connections` of 100.
+//! none. The defaults add up to 30 connections (32 with the outbox's LISTEN and NOTIFY
+//! connections): three daemons fit PostgreSQL's default `max_connections` of 100.
 
 use super::*;
 use crate::stages::STAGES;
@@ -240,7 +240,7 @@ mod tests {
                 ("notifications", 3)
             ]
         );
-        let per_daemon: usize = sizes(&c).iter().map(|(_, n)| n).sum::<usize>() + 1; // + LISTEN
+        let per_daemon: usize = sizes(&c).iter().map(|(_, n)| n).sum::<usize>() + 2; // + LISTEN, NOTIFY
         assert!(3 * per_daemon <= 97, "PostgreSQL keeps 3 of its 100 for superusers: {per_daemon} per daemon");
     }
 

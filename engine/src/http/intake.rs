@@ -199,8 +199,8 @@ async fn accept_transfer(
 pub struct IntakeBatch {
     /// Where `TransferRequested` events go (`kafka.topics.transfers_requested`).
     pub topic: String,
-    /// Rung after each commit: the intake's connections leave the outbox notification to
-    /// it (`tally.outbox_notify = 'after_commit'`).
+    /// Rung after each write, committed or not: the intake's connections leave the outbox
+    /// notification to it (`tally.outbox_notify = 'after_commit'`).
     pub committed: CommitBell,
 }
 
@@ -223,9 +223,9 @@ impl Batch for IntakeBatch {
     ) -> BoxFuture<'a, Result<Vec<Created>, IntakeError>> {
         async move {
             let created = transfers::create_transfers(conn, items, &self.topic).await;
-            if created.is_ok() {
-                self.committed.ring();
-            }
+            // Also after a failure: a COMMIT whose answer was lost may have committed, and
+            // a ring with nothing new costs one claim.
+            self.committed.ring();
             created.map_err(|e| match e.class() {
                 // Lost mid-transaction: the COMMIT may have reached the server.
                 ErrorClass::Unavailable => IntakeError {

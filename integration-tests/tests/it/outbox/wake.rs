@@ -12,9 +12,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::intake::wait_until_no_pending;
 use futures_util::{stream, StreamExt};
 use tally_actors::outbox::LISTENERS_CHECK;
-use tally_integration_tests::{create_account, final_state, post_transfer, run_only, spawn_app, TestApp, TestDb};
+use tally_integration_tests::{
+    create_account, final_state, post_transfer, run_only, spawn_app, Deadline, TestApp, TestDb,
+};
 use tokio_postgres::AsyncMessage;
 
 const POLL: Duration = Duration::from_secs(600);
@@ -72,6 +75,11 @@ async fn the_intakes_and_the_ledgers_commits_notify_only_other_daemons_after_com
     // next look at the listeners has found it.
     listener.batch_execute("SET application_name = 'tally-outbox-listen'").await.expect("rename");
     tokio::time::sleep(LISTENERS_CHECK * 2).await;
+    // At the look that found it, one notification for whatever was committed and not
+    // announced before: a newcomer sweeps when it starts listening, and this covers the
+    // commits between that sweep and the look.
+    let found = taken(&payloads);
+    assert!(found.len() == 1 && !found[0].is_empty(), "one announcement when a listener appears: {found:?}");
     settle_three(&app, "HEARD").await;
     let payloads = taken(&payloads);
     assert!(!payloads.is_empty(), "the daemon announced none of its commits to another listener");
@@ -100,6 +108,7 @@ async fn another_daemons_commits_wake_this_daemons_publisher() {
         })
         .await;
     settle_three(&writer, "AWAY").await;
-    // The publisher published them all.
-    assert_eq!(env.db.pending_outbox().await, 0);
+    // The publisher publishes them all (the last mark may commit after the projection
+    // read its record).
+    wait_until_no_pending(&env.db, Deadline::DEFAULT).await;
 }
