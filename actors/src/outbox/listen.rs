@@ -57,23 +57,43 @@ pub fn spawn_listener(
     url: String,
     wake: Arc<Doorbell>,
     own: Arc<Own>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut waits = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(10)).waits();
-        while !*stop.borrow() {
-            match listen_once(&url, &wake, &own, &mut waits, &mut stop).await {
-                Ok(()) => return,
-                Err(e) => {
-                    warn!(error = %e, "Outbox LISTEN connection lost; polling until it is back.");
-                    tokio::select! {
-                        () = tokio::time::sleep(waits.next_wait()) => {}
-                        _ = stop.changed() => return,
-                    }
+    tokio::spawn(reconnecting(url, own, Session::Listen(wake), stop))
+}
+
+/// What a connection of [`reconnecting`] does.
+enum Session {
+    Listen(Arc<Doorbell>),
+    Announce(Arc<Notify>),
+}
+
+/// Runs `session` on a connection until it ends well or `stop` turns true; after each
+/// failure, logs it and waits with backoff (reset once a connection is up).
+async fn reconnecting(url: String, own: Arc<Own>, session: Session, mut stop: watch::Receiver<bool>) {
+    let mut waits = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(10)).waits();
+    while !*stop.borrow() {
+        let (ended, lost) = match &session {
+            Session::Listen(wake) => (
+                listen_once(&url, wake, &own, &mut waits, &mut stop).await,
+                "Outbox LISTEN connection lost; polling until it is back.",
+            ),
+            Session::Announce(announce) => (
+                announce_once(&url, announce, &own, &mut waits, &mut stop).await,
+                "Outbox NOTIFY connection lost; other daemons poll until it is back.",
+            ),
+        };
+        match ended {
+            Ok(()) => return,
+            Err(e) => {
+                warn!(error = %e, "{lost}");
+                tokio::select! {
+                    () = tokio::time::sleep(waits.next_wait()) => {}
+                    _ = stop.changed() => return,
                 }
             }
         }
-    })
+    }
 }
 
 async fn listen_once(
@@ -160,23 +180,9 @@ pub fn spawn_announcer(
     url: String,
     announce: Arc<Notify>,
     own: Arc<Own>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut waits = Backoff::doubling(Duration::from_millis(200), Duration::from_secs(10)).waits();
-        while !*stop.borrow() {
-            match announce_once(&url, &announce, &own, &mut waits, &mut stop).await {
-                Ok(()) => return,
-                Err(e) => {
-                    warn!(error = %e, "Outbox NOTIFY connection lost; other daemons poll until it is back.");
-                    tokio::select! {
-                        () = tokio::time::sleep(waits.next_wait()) => {}
-                        _ = stop.changed() => return,
-                    }
-                }
-            }
-        }
-    })
+    tokio::spawn(reconnecting(url, own, Session::Announce(announce), stop))
 }
 
 /// How often the announcer looks for other daemons' LISTEN connections.
