@@ -103,16 +103,17 @@ async fn listen_once(
     waits: &mut Waits,
     stop: &mut watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let (client, mut connection) = PgConnector::from_url(url)?.connect().await?;
+    let (client, mut connection) = bounded(PgConnector::from_url(url)?.connect()).await?;
     let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
     // Its own daemon's announcer must know it before it is named as a listener.
-    let pid: i32 = while_driving(client.query_one("SELECT pg_backend_pid()", &[]), &mut messages).await?.get(0);
+    let pid: i32 =
+        bounded(while_driving(client.query_one("SELECT pg_backend_pid()", &[]), &mut messages)).await?.get(0);
     own.listener_pid.store(pid, Ordering::Relaxed);
     let _forgotten = ForgetOnDrop(&own.listener_pid);
     // Named like the pools' connections, so that it shows in pg_stat_activity, where the
     // announcers look for listeners.
     let sql = format!("SET application_name = '{LISTENER_NAME}'; LISTEN {CHANNEL}");
-    while_driving(client.batch_execute(&sql), &mut messages).await?;
+    bounded(while_driving(client.batch_execute(&sql), &mut messages)).await?;
     waits.reset();
     debug!(channel = CHANNEL, "Listening for outbox commits.");
     // A commit may have happened before LISTEN took effect.
@@ -188,17 +189,18 @@ pub fn spawn_announcer(
 /// How often the announcer looks for other daemons' LISTEN connections.
 pub const LISTENERS_CHECK: Duration = Duration::from_secs(1);
 
-/// Longest the announcer waits for its connection or one statement before it opens the
-/// connection again: one left half-open by a failover would otherwise hold it (and the
-/// daemon's shutdown) until TCP gives up.
-const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest the listener and the announcer wait for a connection or one statement before
+/// they open the connection again: one left half-open by a failover would otherwise hold
+/// them (and the daemon's shutdown) until TCP gives up. The listener's wait for
+/// notifications has no bound: it watches the stop meanwhile.
+const SETUP_WAIT: Duration = Duration::from_secs(5);
 
 async fn bounded<T, E: Into<anyhow::Error>>(
     work: impl std::future::Future<Output = Result<T, E>>,
 ) -> anyhow::Result<T> {
-    match tokio::time::timeout(ANNOUNCE_TIMEOUT, work).await {
+    match tokio::time::timeout(SETUP_WAIT, work).await {
         Ok(done) => done.map_err(Into::into),
-        Err(_) => anyhow::bail!("no answer within {} s", ANNOUNCE_TIMEOUT.as_secs()),
+        Err(_) => anyhow::bail!("no answer within {} s", SETUP_WAIT.as_secs()),
     }
 }
 
