@@ -118,7 +118,7 @@ async fn listen_once(
     debug!(channel = CHANNEL, "Listening for outbox commits.");
     // A commit may have happened before LISTEN took effect.
     wake.ring();
-    let heard = async {
+    async {
         loop {
             tokio::select! {
                 msg = messages.next() => match msg {
@@ -132,8 +132,7 @@ async fn listen_once(
             }
         }
     }
-    .await;
-    heard
+    .await
 }
 
 /// Sets the listener's pid back to 0 however `listen_once` ends.
