@@ -74,6 +74,7 @@ pub(super) fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &Dri
     let mut slots = shared.slots();
     let bound = shared.spec.queue_capacity();
     for ((topic, partition), slot) in slots.iter_mut() {
+        let tp = (topic.clone(), *partition);
         while let Some(record) = slot.stash.pop_front() {
             if !is_ready(shared, slot, &record) {
                 slot.stash.push_front(record);
@@ -81,20 +82,19 @@ pub(super) fn flush_stashes(consumer: &BaseConsumer<DriverContext>, shared: &Dri
             }
             let offset = record.offset;
             match slot.tx.try_send(record) {
-                Ok(()) => taken(consumer, slot, &(topic.clone(), *partition), offset),
+                Ok(()) => taken(consumer, slot, &tp, offset),
                 Err(mpsc::error::TrySendError::Full(record)) => {
                     slot.stash.push_front(record);
                     break;
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => {
                     slot.stash.clear();
-                    lost(shared, &(topic.clone(), *partition));
+                    lost(shared, &tp);
                     break;
                 }
             }
         }
         // Only a held partition's stash is looked through, at most half a bound of it.
-        let tp = (topic.clone(), *partition);
         let held = shared.pauses().is_held(&tp);
         if held && refetch_due(slot.stash.len(), bound, || slot.stash.iter().all(|r| is_ready(shared, slot, r))) {
             let fetch = shared.pauses().release(&tp);
