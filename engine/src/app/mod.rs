@@ -80,7 +80,8 @@ pub struct Daemon {
     publisher: Option<Addr<OutboxPublisher>>,
     stages: Vec<stages::Running>,
     dlt_producer: FutureProducer,
-    listener_stop: watch::Sender<bool>,
+    /// Stops the outbox's LISTEN and NOTIFY connections.
+    notify_stop: watch::Sender<bool>,
     listener: Option<tokio::task::JoinHandle<()>>,
     announcer: tokio::task::JoinHandle<()>,
     kafka: KafkaEndpoint,
@@ -127,12 +128,12 @@ pub async fn start(
     let wake = Arc::new(outbox::Doorbell::default());
     let commits = outbox::CommitBell::new(Arc::clone(&wake));
     let own = Arc::new(outbox::Own::new());
-    let (listener_stop, listener_rx) = watch::channel(false);
+    let (notify_stop, notify_rx) = watch::channel(false);
     let announcer = outbox::spawn_announcer(
         config.database.connect_url(),
         commits.announcements(),
         Arc::clone(&own),
-        listener_rx.clone(),
+        notify_rx.clone(),
     );
     let wiring = stages::Wiring {
         config: &config,
@@ -164,7 +165,7 @@ pub async fn start(
             concurrency: config.outbox.concurrency,
         };
         if config.outbox.listen {
-            listener = Some(outbox::spawn_listener(config.database.connect_url(), Arc::clone(&wake), own, listener_rx));
+            listener = Some(outbox::spawn_listener(config.database.connect_url(), Arc::clone(&wake), own, notify_rx));
         }
         publisher = Some(OutboxPublisher::new(relay, settings, wake).start());
     } else {
@@ -226,7 +227,7 @@ pub async fn start(
         publisher,
         stages: running,
         dlt_producer,
-        listener_stop,
+        notify_stop,
         listener,
         announcer,
         kafka,
@@ -264,7 +265,7 @@ impl Daemon {
         let dlt = self.dlt_producer.clone();
         let _ = tokio::task::spawn_blocking(move || rdkafka::producer::Producer::flush(&dlt, Duration::from_secs(10)))
             .await;
-        let _ = self.listener_stop.send(true);
+        let _ = self.notify_stop.send(true);
         if let Some(listener) = self.listener {
             let _ = listener.await;
         }

@@ -29,7 +29,7 @@ pub struct Wiring<'a> {
     pub metrics: Metrics,
     /// Producer for dead-letter writes (idempotent, acks=all).
     pub dlt_producer: FutureProducer,
-    /// Rung after each commit that wrote outbox rows on a pool for which
+    /// Rung after each write, committed or not, on a pool for which
     /// [`super::rings_after_commit`] holds.
     pub outbox_commits: tally_actors::outbox::CommitBell,
 }
