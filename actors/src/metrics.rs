@@ -97,6 +97,8 @@ metrics! {
     outbox_refused_total: IntCounterVec = "Outbox records the broker refused for good, each attempt counted, by topic and reason \
                      (message_too_large, topic_authorization_failed, unknown_topic, invalid_record).", labels ["topic", "reason"];
     outbox_publish_failures_total: IntCounter = "Outbox batches that failed and were rolled back for a later retry.";
+    outbox_claims_total: IntCounterVec = "Claims of the outbox publish loops that ended without an error, by what they found: rows, \
+                     nothing, or held (every shard held by other loops). Each is a database transaction.", labels ["found"];
     outbox_batch_seconds: Histogram = "Time to claim, publish and mark one outbox batch.", buckets LATENCY_BUCKETS;
     outbox_commit_to_ack_seconds: Histogram = "Time from an outbox row's creation to the broker's acknowledgement of its record.", buckets LATENCY_BUCKETS;
     outbox_deleted_total: IntCounter = "Published outbox rows deleted after the retention period.";

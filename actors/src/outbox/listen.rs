@@ -116,6 +116,7 @@ async fn listen_once(
     bounded(while_driving(client.batch_execute(&sql), &mut messages)).await?;
     waits.reset();
     debug!(channel = CHANNEL, "Listening for outbox commits.");
+    let _hearing = wake.hearing();
     // A commit may have happened before LISTEN took effect.
     wake.ring();
     async {

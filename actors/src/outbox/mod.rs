@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use futures_util::FutureExt;
 use tokio::sync::{watch, Notify};
@@ -38,8 +38,9 @@ pub struct PublisherSettings {
     pub cleanup_interval: Duration,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
-    /// Publish loops running at once. Each claims a random half of the free shards, and the
-    /// shard locks keep their rows apart, so per-key order holds across them.
+    /// Publish loops running at once. While rows keep coming each claims a random half of
+    /// the free shards, and the shard locks keep their rows apart, so per-key order holds
+    /// across them.
     pub concurrency: usize,
 }
 
@@ -139,17 +140,18 @@ async fn publish_loop(
 ) {
     let mut waits = Backoff::doubling(settings.backoff_initial, settings.backoff_max).waits();
     let mut last_cleanup = Instant::now();
-    // Claims take half of the free shards, so that several loops share the key space; an
-    // empty one is followed by a sweep of every free shard before the loop sleeps, so a row
-    // never waits for the poll interval just because its shard was in the other half. A
-    // sweep during which a commit rang the bell is made again: its row may have been in a
-    // shard another loop held with an older snapshot, and the ring woke that other loop,
-    // not this one. A claim that finds every shard held waits for a batch of this daemon to
-    // end rather than for the next ring: the holders end with such sweeps themselves, and
-    // until one ends every claim would find the shards held again. Only a ring's row in the
-    // shards of a daemon that does not hear the bell (its listener down) needs this loop:
-    // it claims again `HELD_RETRY` after a ring.
-    let mut reach = Reach::Half;
+    // A loop woken by a ring (or the poll) claims from every free shard. While rows keep
+    // coming it claims half of the free shards, so that several loops share the key space,
+    // and it looks at every free shard before it sleeps, so a row never waits for the poll
+    // interval just because its shard was in the other half. A sweep during which a commit
+    // rang the bell is made again: its row may have been in a shard another loop held with
+    // an older snapshot, and the ring woke that other loop, not this one. A claim that
+    // finds every shard held waits for a batch of this daemon to end rather than for the
+    // next ring: the holders end with such sweeps themselves, and until one ends every
+    // claim would find the shards held again. Only a ring's row in the shards of a daemon
+    // that does not hear the bell (its listener down) needs this loop: it claims again
+    // `HELD_RETRY` after a ring.
+    let mut reach = Reach::AllFree;
     while !*stop.borrow() {
         let rings = wake.rings();
         // Registered before the claim, so that a batch ending meanwhile is not missed.
@@ -176,8 +178,8 @@ async fn publish_loop(
         let (wait, timeout) = match batch {
             Ok(batch) => {
                 waits.reset();
-                let rang = wake.rings() != rings;
-                let (next, wait) = next_claim(reach, &batch, rang);
+                let heard = Heard { rang: wake.rings() != rings, hears: wake.hears() };
+                let (next, wait) = next_claim(reach, &batch, heard);
                 reach = next;
                 (wait, settings.poll_interval)
             }
@@ -192,8 +194,15 @@ async fn publish_loop(
         if cleans && last_cleanup.elapsed() >= settings.cleanup_interval {
             last_cleanup = Instant::now();
             match relay.delete_published(settings.retention).await {
-                Ok(0) => {}
-                Ok(n) => info!(deleted = n, "Deleted published outbox rows past retention."),
+                Ok((deleted, released)) => {
+                    if deleted > 0 {
+                        info!(deleted, "Deleted published outbox rows past retention.");
+                    }
+                    // Released rows are pending again, and no commit rang for them.
+                    if released > 0 {
+                        wake.ring();
+                    }
+                }
                 Err(e) => warn!(error = %e, "Outbox retention cleanup failed."),
             }
         }
@@ -220,12 +229,15 @@ async fn publish_loop(
 /// What wakes the publish loops: the notification of every outbox commit rings it (see
 /// [`spawn_listener`]). A ring wakes one waiting loop, or the next loop to wait; and every
 /// ring is counted, so a loop can tell that one came while it was claiming. A loop that
-/// found every shard held also wakes when another loop's batch ends (`ended`).
+/// found every shard held also wakes when another loop's batch ends (`ended`). Whether the
+/// bell hears other daemons' commits (its listener is up) decides how far a loop may trust
+/// it: see `next_claim`.
 #[derive(Debug, Default)]
 pub struct Doorbell {
     notify: Notify,
     rings: AtomicU64,
     ended: Notify,
+    hearing: AtomicBool,
 }
 
 impl Doorbell {
@@ -236,6 +248,29 @@ impl Doorbell {
 
     fn rings(&self) -> u64 {
         self.rings.load(Ordering::SeqCst)
+    }
+
+    /// Whether every commit of other daemons and of SQL rings this bell: a listener is
+    /// up.
+    fn hears(&self) -> bool {
+        self.hearing.load(Ordering::SeqCst)
+    }
+
+    /// The bell hears other daemons' commits until the guard drops: the listener holds it
+    /// while its LISTEN is in effect.
+    #[must_use = "the bell hears only while the guard lives"]
+    pub fn hearing(&self) -> Hearing<'_> {
+        self.hearing.store(true, Ordering::SeqCst);
+        Hearing(&self.hearing)
+    }
+}
+
+/// See [`Doorbell::hearing`].
+pub struct Hearing<'a>(&'a AtomicBool);
+
+impl Drop for Hearing<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 
@@ -291,24 +326,43 @@ enum Wait {
     BatchEnd,
 }
 
-/// After a claim of `reach` that did `batch`, during which the bell rang (`rang`) or not:
-/// the reach of the next claim, and what to wait for before it.
+/// What a loop heard of the bell over a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Heard {
+    /// It rang after the batch's claim began.
+    rang: bool,
+    /// It hears other daemons' commits (a listener is up) as the batch ends.
+    hears: bool,
+}
+
+/// After a claim of `reach` that did `batch`, with what the loop `heard` of the bell: the
+/// reach of the next claim, and what to wait for before it.
+///
+/// A loop sleeps once a claim of every free shard took all it found (no `more`) and no
+/// ring came after it began. A row committed before that claim was in a shard it held, and
+/// it took it; or in a shard another publisher held, which either took it too or began its
+/// batch before the commit, heard the commit's ring, and claims again. Looking again until
+/// a claim finds nothing would cost a row committed alone three or four transactions, each
+/// locking shards, where one publishes it. That needs a bell that hears every commit: a
+/// loop whose daemon does not hear other daemons (`outbox.listen` off, or its listener
+/// down) keeps claiming until a sweep of every free shard finds nothing, because a row
+/// another daemon committed into shards it held rang only there.
 ///
 /// A claim that found every shard held waits for a batch to end. Each holder is in the
-/// middle of a batch, and a loop only ever waits after an empty sweep of every free shard
-/// during which no ring came (or after finding every shard held in its turn), so a row whose
-/// ring came before finds its publisher without this loop; claiming again at each ring
-/// would only spin on the database while the holder waits for the broker. A holder in
-/// another daemon ends no batch here, and one whose daemon does not hear the bell (its
-/// listener down) does not sweep again for a ring's row: a ring is followed by another
-/// claim after `HELD_RETRY`.
-fn next_claim(reach: Reach, batch: &BatchOutcome, rang: bool) -> (Reach, Wait) {
+/// middle of a batch, and a loop only ever waits after a sweep of every free shard that
+/// took all it found and during which no ring came (or after finding every shard held in
+/// its turn), so a row whose ring came before finds its publisher without this loop;
+/// claiming again at each ring would only spin on the database while the holder waits for
+/// the broker. A holder in another daemon ends no batch here, and one whose daemon does not
+/// hear the bell (its listener down) does not sweep again for a ring's row: a ring is
+/// followed by another claim after `HELD_RETRY`.
+fn next_claim(reach: Reach, batch: &BatchOutcome, heard: Heard) -> (Reach, Wait) {
     match (batch.moved(), reach) {
-        (1.., _) => (Reach::Half, Wait::No),
         (0, _) if batch.no_free_shard => (Reach::Half, Wait::BatchEnd),
-        (0, Reach::Half) => (Reach::AllFree, Wait::No),
-        (0, Reach::AllFree) if rang => (Reach::AllFree, Wait::No),
-        (0, Reach::AllFree) => (Reach::Half, Wait::Ring),
+        (1.., _) if batch.more || heard.rang || !heard.hears => (Reach::Half, Wait::No),
+        (_, Reach::Half) => (Reach::AllFree, Wait::No),
+        (_, Reach::AllFree) if heard.rang => (Reach::AllFree, Wait::No),
+        (_, Reach::AllFree) => (Reach::AllFree, Wait::Ring),
     }
 }
 
@@ -316,20 +370,53 @@ fn next_claim(reach: Reach, batch: &BatchOutcome, rang: bool) -> (Reach, Wait) {
 mod tests {
     use super::*;
 
+    const QUIET: Heard = Heard { rang: false, hears: true };
+    const RANG: Heard = Heard { rang: true, hears: true };
+    const DEAF: Heard = Heard { rang: false, hears: false };
+
     #[test]
-    fn a_loop_sleeps_only_after_an_empty_sweep_of_every_free_shard() {
+    fn a_loop_sleeps_only_after_a_sweep_of_every_free_shard_that_took_all_it_found() {
         let busy = BatchOutcome { published: 5, ..BatchOutcome::default() };
         let empty = BatchOutcome::default();
-        for rang in [false, true] {
-            // Busy: keep sharing.
-            assert_eq!(next_claim(Reach::Half, &busy, rang), (Reach::Half, Wait::No));
-            assert_eq!(next_claim(Reach::AllFree, &busy, rang), (Reach::Half, Wait::No));
+        for heard in [QUIET, RANG, DEAF] {
             // Nothing in this half: look at every free shard before sleeping.
-            assert_eq!(next_claim(Reach::Half, &empty, rang), (Reach::AllFree, Wait::No));
+            assert_eq!(next_claim(Reach::Half, &empty, heard), (Reach::AllFree, Wait::No));
         }
         // An empty sweep sleeps, unless a commit rang meanwhile: then it sweeps again.
-        assert_eq!(next_claim(Reach::AllFree, &empty, false), (Reach::Half, Wait::Ring));
-        assert_eq!(next_claim(Reach::AllFree, &empty, true), (Reach::AllFree, Wait::No));
+        assert_eq!(next_claim(Reach::AllFree, &empty, QUIET), (Reach::AllFree, Wait::Ring));
+        assert_eq!(next_claim(Reach::AllFree, &empty, DEAF), (Reach::AllFree, Wait::Ring));
+        assert_eq!(next_claim(Reach::AllFree, &empty, RANG), (Reach::AllFree, Wait::No));
+        // A half that had rows: the other half is still to be looked at.
+        assert_eq!(next_claim(Reach::Half, &busy, QUIET), (Reach::AllFree, Wait::No));
+        // A sweep that took every row it found, with no commit since it began: nothing is
+        // left that this loop could miss, so it sleeps until the next ring.
+        assert_eq!(next_claim(Reach::AllFree, &busy, QUIET), (Reach::AllFree, Wait::Ring));
+    }
+
+    #[test]
+    fn a_loop_claims_again_while_rows_keep_coming() {
+        let busy = BatchOutcome { published: 5, ..BatchOutcome::default() };
+        let parked = BatchOutcome { parked: 1, held: 2, ..BatchOutcome::default() };
+        for batch in [busy, parked] {
+            for reach in [Reach::Half, Reach::AllFree] {
+                // A commit rang while it ran.
+                assert_eq!(next_claim(reach, &batch, RANG), (Reach::Half, Wait::No), "{reach:?}, rang");
+                // It took as many rows as a claim may, or released held rows.
+                let more = BatchOutcome { more: true, ..batch };
+                for heard in [QUIET, RANG] {
+                    assert_eq!(next_claim(reach, &more, heard), (Reach::Half, Wait::No), "{reach:?}, more");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_loop_that_does_not_hear_other_daemons_claims_again_until_it_finds_nothing() {
+        // Another daemon's row committed into shards this loop held rang only there.
+        let busy = BatchOutcome { published: 5, ..BatchOutcome::default() };
+        for reach in [Reach::Half, Reach::AllFree] {
+            assert_eq!(next_claim(reach, &busy, DEAF), (Reach::Half, Wait::No), "{reach:?}");
+        }
     }
 
     #[test]
@@ -338,7 +425,10 @@ mod tests {
         for (reach, rang) in
             [(Reach::Half, false), (Reach::Half, true), (Reach::AllFree, false), (Reach::AllFree, true)]
         {
-            assert_eq!(next_claim(reach, &all_held, rang), (Reach::Half, Wait::BatchEnd), "{reach:?}, rang: {rang}");
+            for hears in [false, true] {
+                let heard = Heard { rang, hears };
+                assert_eq!(next_claim(reach, &all_held, heard), (Reach::Half, Wait::BatchEnd), "{reach:?}, {heard:?}");
+            }
         }
     }
 

@@ -60,14 +60,17 @@ impl OutboxError {
 }
 
 /// What one batch did: rows published, parked (refused by the broker, again or for the
-/// first time) and held (behind a parked row of their topic and key); and whether it found
-/// every shard held by other publishers, so that it could claim nothing.
+/// first time) and held (behind a parked row of their topic and key); whether it found
+/// every shard held by other publishers, so that it could claim nothing; and whether rows
+/// may be waiting that it did not take (`more`): a claim of it took as many rows as it
+/// may, or it released rows held behind a row it published.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchOutcome {
     pub published: usize,
     pub parked: usize,
     pub held: usize,
     pub no_free_shard: bool,
+    pub more: bool,
 }
 
 impl BatchOutcome {
@@ -75,6 +78,19 @@ impl BatchOutcome {
     #[must_use]
     pub fn moved(&self) -> usize {
         self.published + self.parked + self.held
+    }
+
+    /// The labels of `tally_outbox_claims_total`.
+    pub const FOUND: [&'static str; 3] = ["rows", "nothing", "held"];
+
+    /// What its claim found, as `tally_outbox_claims_total` labels it.
+    #[must_use]
+    pub fn found(&self) -> &'static str {
+        match (self.no_free_shard, self.moved()) {
+            (true, _) => Self::FOUND[2],
+            (false, 0) => Self::FOUND[1],
+            (false, _) => Self::FOUND[0],
+        }
     }
 }
 
@@ -97,6 +113,10 @@ impl OutboxRelay {
         batch_size: i64,
         parked_retry: Backoff,
     ) -> Self {
+        // Every label set from the start, so that `increase()` sees the first claim.
+        for found in BatchOutcome::FOUND {
+            metrics.outbox_claims_total.with_label_values(&[found]);
+        }
         Self { pool, producer, metrics, batch_size, parked_retry }
     }
 
@@ -137,12 +157,16 @@ impl OutboxRelay {
                         return Ok(BatchOutcome { no_free_shard: true, ..BatchOutcome::default() });
                     }
                     let claimed = outbox::claim_pending(conn, &shards, self.batch_size).await?;
+                    let limit = usize::try_from(self.batch_size).unwrap_or(usize::MAX);
+                    let mut more = claimed.len() >= limit;
                     // A claim that found rows says whether any row is parked: if none, none
                     // is due, and the statement is spared.
                     let any_parked = claimed.first().is_none_or(|r| r.any_parked);
                     let (behind, mut rows): (Vec<_>, Vec<_>) = claimed.into_iter().partition(|r| r.behind_parked);
                     if any_parked {
-                        rows.extend(outbox_parked::claim_due(conn, &shards, self.batch_size).await?);
+                        let due = outbox_parked::claim_due(conn, &shards, self.batch_size).await?;
+                        more |= due.len() >= limit;
+                        rows.extend(due);
                     }
                     rows.sort_by_key(|r| r.event.seq);
                     let behind: Vec<uuid::Uuid> = behind.iter().map(|r| r.event.id).collect();
@@ -154,7 +178,8 @@ impl OutboxRelay {
                     let outcomes = self.produce_all(&rows).await?;
                     let settled = settle(&rows, &outcomes, self.parked_retry);
                     outbox::mark_published(conn, &settled.published).await?;
-                    outbox_parked::release(conn, &settled.released).await?;
+                    // Released rows are pending again, and nothing rings for them.
+                    more |= outbox_parked::release(conn, &settled.released).await? > 0;
                     outbox_parked::park(conn, &settled.parked).await?;
                     outbox_parked::hold(conn, &settled.held).await?;
                     for (row, outcome) in rows.iter().zip(&outcomes) {
@@ -175,6 +200,7 @@ impl OutboxRelay {
                         parked: settled.parked.len(),
                         held: behind.len() + settled.held.len(),
                         no_free_shard: false,
+                        more,
                     })
                 }
                 .scope_boxed()
@@ -182,6 +208,7 @@ impl OutboxRelay {
             .await;
         match &result {
             Ok(batch) => {
+                self.metrics.outbox_claims_total.with_label_values(&[batch.found()]).inc();
                 for (topic, refusal) in &refused {
                     self.metrics.outbox_refused_total.with_label_values(&[topic, refusal.code()]).inc();
                 }
@@ -284,11 +311,11 @@ impl OutboxRelay {
     }
 
     /// Deletes rows published longer than `retention` ago, in bounded chunks, and releases
-    /// held rows left without a parked row. Returns the number deleted.
+    /// held rows left without a parked row. Returns the numbers deleted and released.
     ///
     /// # Errors
     /// When the database fails.
-    pub async fn delete_published(&self, retention: Duration) -> Result<u64, OutboxError> {
+    pub async fn delete_published(&self, retention: Duration) -> Result<(u64, usize), OutboxError> {
         let mut conn = self.pool.get().await.map_err(|e| OutboxError::Pool(e.to_string()))?;
         let total = outbox::delete_published(&mut conn, retention).await?;
         self.metrics.outbox_deleted_total.inc_by(total);
@@ -296,7 +323,7 @@ impl OutboxRelay {
         if released > 0 {
             warn!(released, "Released held outbox rows whose parked row is gone (deleted or marked by hand).");
         }
-        Ok(total)
+        Ok((total, released))
     }
 }
 

@@ -86,8 +86,8 @@ pub enum Reach {
     /// instead of one taking all of it, and a lone publisher covers every shard over
     /// consecutive batches.
     Half,
-    /// Every shard no other publisher holds: the sweep a publisher makes before it sleeps,
-    /// so that no committed row waits for the next poll.
+    /// Every shard no other publisher holds: a publisher's claim when it wakes, and the
+    /// sweep it makes before it sleeps, so that no committed row waits for the next poll.
     AllFree,
 }
 

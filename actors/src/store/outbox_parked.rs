@@ -102,9 +102,9 @@ pub async fn hold(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<(), dies
 pub async fn release(
     conn: &mut AsyncPgConnection,
     topic_keys: &[(String, String)],
-) -> Result<(), diesel::result::Error> {
+) -> Result<usize, diesel::result::Error> {
     if topic_keys.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let (topics, keys): (Vec<&str>, Vec<&str>) = topic_keys.iter().map(|(t, k)| (t.as_str(), k.as_str())).unzip();
     diesel::sql_query(
@@ -115,8 +115,7 @@ pub async fn release(
     .bind::<Array<Text>, _>(&topics)
     .bind::<Array<Text>, _>(&keys)
     .execute(conn)
-    .await?;
-    Ok(())
+    .await
 }
 
 /// Releases held rows whose topic and key have no parked row left (its row was deleted or

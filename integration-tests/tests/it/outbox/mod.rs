@@ -296,6 +296,50 @@ async fn every_committed_row_is_published_on_its_notification_not_at_the_next_po
     }
 }
 
+// Broker: embedded mock cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_alone_costs_its_publisher_one_claim() {
+    // Rows committed one at a time, each published before the next: each wake-up should
+    // be one transaction that finds the row and publishes it, not that claim followed by
+    // claims that look again for rows already published. Two loops, as by default: a ring
+    // wakes one of them.
+    let (env, app) = spawn_app(|c| {
+        tally_integration_tests::run_only(c, &["outbox"]);
+        c.outbox.poll_interval = std::time::Duration::from_secs(600);
+        c.outbox.concurrency = 2;
+    })
+    .await;
+    let insert = "INSERT INTO outbox_events (id, topic, key, event_type, payload) \
+                  VALUES (gen_random_uuid(), $1, $2, 'TransferRequested', $3)";
+    let claims = || async {
+        let metrics = app.metrics().await;
+        ["rows", "nothing", "held"]
+            .iter()
+            .map(|found| metric_value(&metrics, &format!(r#"tally_outbox_claims_total{{found="{found}"}}"#)))
+            .collect::<Option<Vec<f64>>>()
+            .unwrap_or_else(|| panic!("tally_outbox_claims_total by found:\n{metrics}"))
+    };
+    // A first row, so that the loops' claims at start are behind us.
+    env.db.execute(insert, &[&TOPIC, &"alone-first", &r#"{"n":-1}"#]).await;
+    wait_until_no_pending(&env.db, Deadline::secs(30)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let before = claims().await;
+    const ROWS: u32 = 24;
+    for i in 0..ROWS {
+        env.db.execute(insert, &[&TOPIC, &format!("alone-{i}"), &format!(r#"{{"n":{i}}}"#)]).await;
+        wait_until_no_pending(&env.db, Deadline::secs(30)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let after = claims().await;
+    let by_found: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let total: f64 = by_found.iter().sum();
+    eprintln!("claims for {ROWS} rows committed one at a time (rows, nothing, held): {by_found:?}");
+    assert_eq!(by_found[0], f64::from(ROWS), "each row published by a claim of its own");
+    // A commit that comes while a batch is ending costs one more look now and then; three
+    // or four claims a row is the fault this guards against.
+    assert!(total <= f64::from(ROWS) * 1.5, "{total} claims for {ROWS} rows: {by_found:?}");
+}
+
 // Broker: embedded mock cluster, every broker answering 40 ms late while rows are
 // published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
