@@ -26,6 +26,7 @@ pub mod orders;
 pub mod outbox;
 pub mod projection;
 pub mod record;
+pub mod signing;
 pub mod store;
 pub mod supervise;
 pub mod trace;

@@ -50,6 +50,9 @@ pub struct EmbeddedBroker {
     cluster: NonNull<rdsys::rd_kafka_mock_cluster_t>,
     bootstrap: String,
     brokers: i32,
+    /// The key that signs the events of daemons on this broker when no `signing.keys_dir`
+    /// is set: drawn at start, it lives exactly as long as the records it signs.
+    signing_key: tally_actors::signing::SigningKey,
     // The client handle the cluster was created from; it must outlive `cluster`.
     _owner: BaseProducer,
 }
@@ -74,6 +77,8 @@ impl EmbeddedBroker {
     /// # Errors
     /// When librdkafka cannot create the cluster.
     pub fn start(brokers: i32) -> anyhow::Result<Self> {
+        let signing_key = tally_actors::signing::SigningKey::random("embedded")
+            .context("cannot draw the embedded broker's event-signing key")?;
         let owner: BaseProducer = ClientConfig::new()
             .set("log_level", "3")
             .create()
@@ -91,10 +96,17 @@ impl EmbeddedBroker {
             rd_kafka_mock_set_group_consumer_session_timeout_ms(cluster.as_ptr(), CONSUMER_GROUP_SESSION_MS);
             rd_kafka_mock_set_group_consumer_heartbeat_interval_ms(cluster.as_ptr(), CONSUMER_GROUP_HEARTBEAT_MS);
         }
-        Ok(Self { cluster, bootstrap, brokers, _owner: owner })
+        Ok(Self { cluster, bootstrap, brokers, signing_key, _owner: owner })
     }
 
-    /// The `bootstrap.servers` list of the cluster.
+    /// The key that signs events on this broker when `signing.keys_dir` is not set (a
+    /// random one, drawn when the broker started).
+    #[must_use]
+    pub fn signing_key(&self) -> &tally_actors::signing::SigningKey {
+        &self.signing_key
+    }
+
+    /// The `bootstrap.servers` of this cluster.
     #[must_use]
     pub fn bootstrap_servers(&self) -> &str {
         &self.bootstrap

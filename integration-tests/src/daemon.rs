@@ -374,6 +374,7 @@ pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> TallyProces
         .env("TALLY__DATABASE__URL", env.db.url())
         .envs(test_pools_env())
         .env("TALLY__KAFKA__BROKERS", env.bootstrap())
+        .env("TALLY__SIGNING__KEYS_DIR", env.keys_dir())
         // The mock cluster has no Admin API; the harness created the topics.
         .env("TALLY__KAFKA__CREATE_TOPICS", "false")
         .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")

@@ -128,6 +128,8 @@ impl Drop for TlsBroker {
 /// operator sets them.
 pub fn use_tls(config: &mut Config, tls: &TlsBroker, ca: &Path, client: Option<(&Path, &Path)>) {
     config.kafka.brokers = tls.addr.to_string();
+    // Not the embedded broker's own daemon: its key comes from a file.
+    config.signing.keys_dir = crate::write_keys_dir(tls.broker.signing_key()).display().to_string();
     // The mock cluster has no Admin API: the topics were created on it directly.
     config.kafka.create_topics = false;
     let common = &mut config.kafka.common;

@@ -12,6 +12,7 @@
 //! | `kafka` | [`read_topic`], [`produce`], [`committed_offset`], [`non_empty_dlts`] |
 //! | `wait` | [`Deadline`], [`wait_until`], [`init_logging`] |
 //! | `webhook` | [`WebhookReceiver`] |
+//! | `upstream` | [`Upstream`]: events signed as tally's stages sign them, and the system-of-record rows the stages before the tested one would have written |
 //! | `hostile` | records no well-behaved producer writes, produced as raw bytes |
 //! | `noida` | a noida-db broker (real transactions) |
 //! | `kafka_tls` | [`kafka_tls::TlsBroker`]: a TLS-terminating proxy (socat) in front of the embedded broker |
@@ -65,6 +66,7 @@ mod kafka;
 pub mod kafka_tls;
 pub mod noida;
 pub mod tls;
+mod upstream;
 mod wait;
 mod webhook;
 
@@ -73,6 +75,7 @@ pub use client::*;
 pub use daemon::*;
 pub use db::*;
 pub use kafka::*;
+pub use upstream::*;
 pub use wait::*;
 pub use webhook::*;
 

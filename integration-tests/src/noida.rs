@@ -54,6 +54,9 @@ pub struct NoidaBroker {
     child: Child,
     port: u16,
     dir: PathBuf,
+    /// The event-signing key of every daemon on this broker, in `keys_dir`.
+    pub key: tally_actors::signing::SigningKey,
+    pub keys_dir: PathBuf,
 }
 
 impl std::fmt::Debug for NoidaBroker {
@@ -85,7 +88,9 @@ impl NoidaBroker {
             .stderr(log)
             .spawn()
             .expect("start noida-db");
-        let broker = Self { child, port, dir };
+        let key = tally_actors::signing::SigningKey::random("noida").expect("a random key");
+        let keys_dir = crate::write_keys_dir(&key);
+        let broker = Self { child, port, dir, key, keys_dir };
         broker.wait_ready(Duration::from_secs(30));
         broker
     }
@@ -119,6 +124,7 @@ impl Drop for NoidaBroker {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_file(self.dir.with_extension("log"));
+        let _ = std::fs::remove_dir_all(&self.keys_dir);
     }
 }
 
@@ -132,6 +138,7 @@ pub fn config(db: &TestDb, broker: &NoidaBroker) -> Config {
     c.database.url = SecretUrl::new(db.url());
     c.database.pools = crate::test_pools();
     c.kafka.brokers = broker.bootstrap();
+    c.signing.keys_dir = broker.keys_dir.display().to_string();
     c.kafka.partitions = 3;
     c.kafka.create_topics = true;
     c.http.intake_addr = ([127, 0, 0, 1], 0).into();
@@ -182,6 +189,7 @@ pub fn spawn_process(db: &TestDb, broker: &NoidaBroker, extra: &[(&str, &str)]) 
         .env("TALLY__DATABASE__URL", db.url())
         .envs(crate::test_pools_env())
         .env("TALLY__KAFKA__BROKERS", broker.bootstrap())
+        .env("TALLY__SIGNING__KEYS_DIR", &broker.keys_dir)
         .env("TALLY__KAFKA__PARTITIONS", "3")
         .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
         .env("TALLY__HTTP__ADMIN_ADDR", "127.0.0.1:0")

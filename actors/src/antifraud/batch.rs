@@ -29,6 +29,7 @@ use super::{AntifraudSpec, LoopIo, RiskEngine, BLOCKED_BY_ANTIFRAUD, PIPELINE};
 use crate::metrics::Metrics;
 use crate::record::Record;
 use crate::store;
+use crate::store::known::Taken;
 use crate::supervise::HandlerError;
 use refused::{set_aside, Parts};
 
@@ -49,22 +50,46 @@ impl OfRecord for Item {
     }
 }
 
-/// The decision of every decoded transfer of the batch: stored ones as they are, new ones
-/// scored and stored first. Rebuilds the velocity window first after an assignment.
-/// Waits out database failures with capped backoff, holding its partitions (records of
-/// partitions revoked meanwhile leave `batch`); `None` when the stage stops meanwhile.
-pub(super) fn decide(
-    io: &LoopIo<'_>,
-    batch: &mut Vec<Record>,
-    risk: &mut dyn RiskEngine,
-) -> Option<HashMap<Uuid, Decision>> {
+/// The decisions of a batch, and the transfers it refuses to decide.
+#[derive(Debug, Default)]
+pub(super) struct Decided {
+    pub decisions: HashMap<Uuid, Decision>,
+    /// What the intake took under each transfer id of the batch that it took. A request
+    /// under an id it never took, or asking for other accounts, amount or currency, is
+    /// poison: nothing is decided or stored for it.
+    pub taken: HashMap<Uuid, Taken>,
+}
+
+impl Decided {
+    /// Why the request `t` is refused, if it is.
+    fn refusal(&self, t: &TransferRequested) -> Option<&'static str> {
+        match self.taken.get(&t.transfer_id) {
+            None => Some(UNKNOWN_TRANSFER),
+            Some(row) if !row.matches(t) => Some(CONTRADICTS_TRANSFER),
+            Some(_) => None,
+        }
+    }
+}
+
+/// Why antifraud refuses a request whose transfer id the intake never took.
+pub(super) const UNKNOWN_TRANSFER: &str = "unknown transfer: the intake never took it";
+/// Why antifraud refuses a request that asks for other than what the intake took.
+pub(super) const CONTRADICTS_TRANSFER: &str =
+    "contradicts the transfer: other accounts, amount or currency than the intake took";
+
+/// The decision of every decoded transfer of the batch that the intake took as requested:
+/// stored ones as they are, new ones scored and stored first. Rebuilds the velocity window
+/// first after an assignment. Waits out database failures with capped backoff, holding its
+/// partitions (records of partitions revoked meanwhile leave `batch`); `None` when the
+/// stage stops meanwhile.
+pub(super) fn decide(io: &LoopIo<'_>, batch: &mut Vec<Record>, risk: &mut dyn RiskEngine) -> Option<Decided> {
     let mut hold = None;
     let mut attempt = 0_u32;
     loop {
         let inputs: Vec<TransferRequested> = batch.iter().filter_map(|r| output::decode(r).ok()).collect();
         if inputs.is_empty() {
             // Nothing to decide (every record is poison, or none is left): no database.
-            return Some(HashMap::new());
+            return Some(Decided::default());
         }
         let requests: Vec<&TransferRequested> = inputs.iter().collect();
         match io.runtime.block_on(decide_stored(io, &requests, risk)) {
@@ -89,21 +114,17 @@ pub(super) fn decide(
 /// What the stage writes for each record of the batch: its decision's event, or a dead
 /// letter for a record that cannot be decoded or contradicts its stored decision.
 /// Each output is recorded on the record's hop span in `hops`.
-pub(super) fn outputs(
-    batch: Vec<Record>,
-    decided: &HashMap<Uuid, Decision>,
-    spec: &AntifraudSpec,
-    hops: &Hops,
-) -> Vec<Item> {
+pub(super) fn outputs(batch: Vec<Record>, decided: &Decided, spec: &AntifraudSpec, hops: &Hops) -> Vec<Item> {
     batch
         .into_iter()
         .map(|record| {
             let decoded = output::decode(&record);
             let output = match &decoded {
                 Err(reason) => output::poison(&record, spec, reason.clone()),
-                Ok(t) => match decided.get(&t.transfer_id) {
-                    Some(d) if d.decides(t) => output::decided(t, d, spec, hops.traceparent(&record)),
-                    Some(_) => output::poison(
+                Ok(t) => match (decided.refusal(t), decided.decisions.get(&t.transfer_id)) {
+                    (Some(refusal), _) => output::poison(&record, spec, refusal.to_owned()),
+                    (None, Some(d)) if d.decides(t) => output::decided(t, d, spec, hops.traceparent(&record)),
+                    (None, Some(_)) => output::poison(
                         &record,
                         spec,
                         format!(
@@ -112,8 +133,8 @@ pub(super) fn outputs(
                             t.transfer_id
                         ),
                     ),
-                    // decide() returns a decision for every decoded transfer.
-                    None => output::poison(&record, spec, "no decision could be made".into()),
+                    // decide() returns a decision for every transfer the intake took.
+                    (None, None) => output::poison(&record, spec, "no decision could be made".into()),
                 },
             };
             hops.decided(&record, decoded.ok().map(|t| t.transfer_id), output.outcome, output.dead_letter.as_deref());
@@ -126,7 +147,7 @@ async fn decide_stored(
     io: &LoopIo<'_>,
     requests: &[&TransferRequested],
     risk: &mut dyn RiskEngine,
-) -> Result<HashMap<Uuid, Decision>, HandlerError> {
+) -> Result<Decided, HandlerError> {
     let mut conn = io.pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
     let db = |e: diesel::result::Error| HandlerError::classified("antifraud decisions", &e);
     if io.consumer.context().assigned.load(Ordering::Relaxed) {
@@ -140,6 +161,12 @@ async fn decide_stored(
     }
     let mut seen = HashSet::new();
     let ids: Vec<Uuid> = requests.iter().map(|t| t.transfer_id).filter(|id| seen.insert(*id)).collect();
+    // Only what the intake took is decided: a request under an id it never took, or
+    // asking for other than it took, moves nothing and is stored nowhere.
+    let mut decided = Decided { taken: store::known::taken(&mut conn, &ids).await.map_err(db)?, ..Decided::default() };
+    let requests: Vec<&TransferRequested> = requests.iter().copied().filter(|t| decided.refusal(t).is_none()).collect();
+    let requests = requests.as_slice();
+    let ids: Vec<Uuid> = ids.into_iter().filter(|id| decided.taken.contains_key(id)).collect();
     let mut stored = store::decisions::load(&mut conn, &ids).await.map_err(db)?;
     let rescore = crate::faults::is_on(crate::faults::Fault::Rescore);
     if rescore {
@@ -157,7 +184,8 @@ async fn decide_stored(
         // Another instance decided these first: its decision stands.
         all.extend(store::decisions::load(&mut conn, &lost).await.map_err(db)?);
     }
-    Ok(all)
+    decided.decisions = all;
+    Ok(decided)
 }
 
 fn backoff(spec: &AntifraudSpec, attempt: u32) -> Duration {

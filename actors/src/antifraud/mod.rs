@@ -97,6 +97,8 @@ pub struct AntifraudSpec {
     /// connections open on the stage's runtime, which drives them; closed when the stage
     /// stops.
     pub database: PgPool,
+    /// Signs the stage's outputs; its inputs' signatures must be made with one of its keys.
+    pub keyring: crate::signing::Keyring,
 }
 
 /// The running antifraud stage.
@@ -274,7 +276,7 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, risk: &mut Box<dyn RiskEngi
             // Stopping while the database was away: nothing was produced or committed.
             return Ok(());
         };
-        for d in decided.values() {
+        for d in decided.decisions.values() {
             metrics.antifraud_score.observe(f64::from(d.score));
         }
         let items = batch::outputs(batch, &decided, spec, &hops);
@@ -345,7 +347,8 @@ fn gather(consumer: &BaseConsumer<AntifraudContext>, spec: &AntifraudSpec) -> Ve
                     Some(defect) => Record { defect: Some(defect), ..Record::from_message(&m) },
                     None => {
                         crashes.hold(Some(at));
-                        let record = Record::from_message(&m);
+                        let mut record = Record::from_message(&m);
+                        spec.keyring.check(&mut record);
                         crate::faults::crash_on_marked(&record);
                         crashes.hold(None);
                         record

@@ -106,12 +106,15 @@ pub(super) fn decided(t: &TransferRequested, d: &Decision, spec: &AntifraudSpec,
     if let Some(tp) = traceparent.filter(|tp| is_valid_traceparent(tp)) {
         hdrs = hdrs.insert(Header { key: headers::TRACEPARENT, value: Some(tp) });
     }
+    // Serialising tally's own event types cannot fail.
+    let payload = payload.unwrap_or_default();
+    let key = t.source_account.clone().into_bytes();
+    let hdrs = spec.keyring.sign(hdrs, &key, &payload, &id, kind.as_str());
     Output {
         topic: topic.clone(),
         partition: None,
-        key: Some(t.source_account.clone().into_bytes()),
-        // Serialising tally's own event types cannot fail.
-        payload: payload.ok(),
+        key: Some(key),
+        payload: Some(payload),
         headers: hdrs,
         outcome,
         dead_letter: None,

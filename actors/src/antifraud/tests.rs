@@ -33,6 +33,9 @@ fn spec() -> AntifraudSpec {
             outbox_notify_after_commit: false,
         })
         .expect("a pool (opens nothing)"),
+        keyring: crate::signing::Keyring::single(
+            crate::signing::SigningKey::new("test", &[7; 32]).expect("a valid key"),
+        ),
     }
 }
 

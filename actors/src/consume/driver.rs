@@ -84,7 +84,8 @@ pub(super) fn drive(
                     Some(defect) => Record { defect: Some(defect), ..Record::from_message(&message) },
                     None => {
                         shared.crashes.hold(Some(at));
-                        let record = Record::from_message(&message);
+                        let mut record = Record::from_message(&message);
+                        shared.spec.keyring.check(&mut record);
                         crate::faults::crash_on_marked(&record);
                         record
                     }

@@ -33,6 +33,9 @@ pub struct PipelineSpec {
     /// not yet due is held and its partition paused until then, without holding up other
     /// partitions.
     pub due_header: Option<String>,
+    /// The keys a record's signature must be made with: a record that fails is poison
+    /// (`bad signature`) and is never handed to the stage.
+    pub keyring: crate::signing::Keyring,
 }
 
 impl PipelineSpec {

@@ -248,7 +248,7 @@ fn settle_with_split(
             }
         };
         match result {
-            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+            Ok(outcomes) => outcomes.into_iter().map(refused_as_poison).collect(),
             Err(e) if !split || requests.len() == 1 => fail_all(e, requests.len()),
             Err(_) => {
                 let mut left = requests;
@@ -260,6 +260,17 @@ fn settle_with_split(
         }
     }
     .boxed()
+}
+
+/// A transfer the system of record refused is its record's poison (the dead letter names
+/// why); every other outcome stands.
+fn refused_as_poison(outcome: SettleOutcome) -> Result<SettleOutcome, SettleError> {
+    match outcome {
+        SettleOutcome::Refused(refusal) => {
+            Err(SettleError { class: ErrorClass::Poison, message: refusal.reason().to_owned() })
+        }
+        outcome => Ok(outcome),
+    }
 }
 
 /// Whether a batch that failed with `error` is settled again in halves: only when one of

@@ -1,10 +1,16 @@
 //! The rules of a settlement batch, applied in memory (no database): given which transfers
-//! are new to the inbox, what the intake and antifraud know of them, and the locked
+//! are new to the inbox, what the intake and antifraud hold of them, and the locked
 //! accounts, [`plan_batch`] decides each transfer in batch order on running balances (two
 //! transfers of one batch touching the same account see each other's effect) and gathers
-//! the writes. ACCOUNT_NOT_FOUND, CURRENCY_MISMATCH, INSUFFICIENT_FUNDS and
-//! BALANCE_LIMIT_EXCEEDED (a credit past the configured ceiling; arithmetic is checked) are
-//! committed rejections, not errors.
+//! the writes.
+//!
+//! First the system of record ([`admits`]): the ledger acts only on a transfer the intake
+//! took, still PENDING, whose stored antifraud decision is ANALYZED, with the accounts,
+//! amount and currency of both. Anything else is a [`Refusal`]: the record is poison,
+//! nothing is written for it (its inbox claim is undone) and the genuine transfer waits for
+//! its real event. Then the business rules: ACCOUNT_NOT_FOUND, CURRENCY_MISMATCH,
+//! INSUFFICIENT_FUNDS and BALANCE_LIMIT_EXCEEDED (a credit past the configured ceiling;
+//! arithmetic is checked) are committed rejections, not errors.
 
 use std::collections::{HashMap, HashSet};
 
@@ -15,10 +21,10 @@ use tally_schema::EventType;
 use uuid::Uuid;
 
 use super::settle::{reason, LedgerTopics, SettleOutcome, SettleRequest, REJECTED_KIND, SETTLED_KIND};
-use crate::antifraud::BLOCKED_BY_ANTIFRAUD;
 use crate::store::accounts::{LockedAccount, OutcomeColumns, PostingColumns};
+use crate::store::decisions::{ANALYZED, BLOCKED};
+use crate::store::known::KnownTransfer;
 use crate::store::outbox::OutboxColumns;
-use crate::store::transfers::KnownTransfer;
 
 /// The writes of a batch, computed in memory before they are written.
 #[derive(Debug, Default)]
@@ -26,6 +32,9 @@ pub struct Effects {
     pub postings: PostingColumns,
     pub outcomes: OutcomeColumns,
     pub events: OutboxColumns,
+    /// Transfers claimed in the inbox and then refused: their claim is undone, so that
+    /// their genuine event is still new when it comes.
+    pub released: Vec<Uuid>,
 }
 
 impl Effects {
@@ -110,7 +119,8 @@ impl Plan {
 }
 
 /// Applies the rules to `batch` in order. A request whose transfer is not in `fresh` (its
-/// inbox row existed) or that repeats an earlier request of the batch is a duplicate.
+/// inbox row existed) or that repeats an earlier decided request of the batch is a
+/// duplicate; one the system of record refuses is [`SettleOutcome::Refused`].
 ///
 /// # Errors
 /// When an event does not serialize.
@@ -124,14 +134,23 @@ pub fn plan_batch(
     let opening: HashMap<String, i64> = accounts.iter().map(|(k, a)| (k.clone(), a.balance_cents)).collect();
     let mut effects = Effects::default();
     let mut outcomes = Vec::with_capacity(batch.len());
-    let mut settled_once = HashSet::new();
+    let mut decided = HashSet::new();
+    let mut refused = Vec::new();
     for req in batch {
         let t = &req.transfer;
-        if !fresh.contains(&t.transfer_id) || !settled_once.insert(t.transfer_id) {
+        if !fresh.contains(&t.transfer_id) || decided.contains(&t.transfer_id) {
             outcomes.push(SettleOutcome::Duplicate);
             continue;
         }
-        match verdict(known, &accounts, t, topics.max_balance_cents) {
+        // A refused event decides nothing: a later one of the batch with the same id (the
+        // genuine one) is judged on its own.
+        if let Err(refusal) = admits(known.get(&t.transfer_id), t) {
+            refused.push(t.transfer_id);
+            outcomes.push(SettleOutcome::Refused(refusal));
+            continue;
+        }
+        decided.insert(t.transfer_id);
+        match decide(&accounts, t, topics.max_balance_cents) {
             Ok((source_after, destination_after)) => {
                 if let Some(a) = accounts.get_mut(&t.source_account) {
                     a.balance_cents = source_after;
@@ -142,53 +161,93 @@ pub fn plan_batch(
                 effects.settle(topics, req)?;
                 outcomes.push(SettleOutcome::Settled);
             }
-            // Its outcome was published already (antifraud blocked it, or it is no longer
-            // PENDING): the refusal is recorded in the inbox, and no second outcome event
-            // tells its client "rejected" again.
-            Err(reason) if outcome_published(known, t) => {
-                effects.outcome(t.transfer_id, status::REJECTED, Some(reason));
-                outcomes.push(SettleOutcome::Rejected(reason));
-            }
             Err(reason) => {
                 effects.reject(topics, req, reason)?;
                 outcomes.push(SettleOutcome::Rejected(reason));
             }
         }
     }
+    effects.released =
+        refused.into_iter().filter(|id| !decided.contains(id)).collect::<HashSet<_>>().into_iter().collect();
     Ok(Plan { outcomes, effects, accounts, opening })
 }
 
-/// Whether an outcome of `t` was published before this event reached the ledger:
-/// antifraud's rejection of a blocked transfer, or the one that moved its status on from
-/// PENDING.
-fn outcome_published(known: &HashMap<Uuid, KnownTransfer>, t: &TransferAnalyzed) -> bool {
-    known.get(&t.transfer_id).is_some_and(|k| k.blocked || k.status.as_deref().is_some_and(|s| s != status::PENDING))
+/// Why the ledger will not act on a `TransferAnalyzed`: what it says contradicts the
+/// system of record it shares with the intake and antifraud. The record is poison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The intake never took a transfer with this id.
+    UnknownTransfer,
+    /// The intake took other accounts, amount or currency under this id.
+    ContradictsTransfer,
+    /// The transfer is final already (settled, or rejected by antifraud or the ledger).
+    NotPending,
+    /// Antifraud has stored no decision for it.
+    NoDecision,
+    /// Antifraud's stored decision blocked it.
+    Blocked,
+    /// Antifraud analyzed other accounts, amount or currency under this id.
+    ContradictsDecision,
 }
 
-/// Whether what is known allows settling `t`: never a transfer antifraud blocked (its
-/// rejection may not be projected yet), and a transfer the intake knows only while its
-/// row is PENDING and matches the event.
-fn admits(known: &KnownTransfer, t: &TransferAnalyzed) -> Result<(), &'static str> {
-    if known.blocked {
-        return Err(BLOCKED_BY_ANTIFRAUD);
+impl Refusal {
+    /// The dead letter's reason.
+    #[must_use]
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::UnknownTransfer => "unknown transfer: the intake never took it",
+            Self::ContradictsTransfer => {
+                "contradicts the transfer: other accounts, amount or currency than the intake took"
+            }
+            Self::NotPending => "contradicts the transfer: it is no longer PENDING",
+            Self::NoDecision => "no decision: antifraud has not analyzed this transfer",
+            Self::Blocked => "contradicts the decision: antifraud blocked this transfer",
+            Self::ContradictsDecision => {
+                "contradicts the decision: other accounts, amount or currency than antifraud analyzed"
+            }
+        }
     }
-    let Some(status) = &known.status else { return Ok(()) };
-    if status != status::PENDING {
-        return Err(reason::TRANSFER_NOT_PENDING);
+}
+
+/// Whether the system of record lets the ledger act on `t`: the intake took it (same
+/// accounts, amount and currency), it is still PENDING, and antifraud's stored decision
+/// analyzed (did not block) that same transfer.
+///
+/// # Errors
+/// The [`Refusal`] that stops it.
+pub fn admits(known: Option<&KnownTransfer>, t: &TransferAnalyzed) -> Result<(), Refusal> {
+    let Some(k) = known.filter(|k| k.status.is_some()) else { return Err(Refusal::UnknownTransfer) };
+    let same =
+        |source: &Option<String>, destination: &Option<String>, amount: Option<i64>, currency: &Option<String>| {
+            source.as_deref() == Some(t.source_account.as_str())
+                && destination.as_deref() == Some(t.destination_account.as_str())
+                && amount == Some(t.amount_cents)
+                && currency.as_deref() == Some(t.currency.as_str())
+        };
+    if !same(&k.source_account, &k.destination_account, k.amount_cents, &k.currency) {
+        return Err(Refusal::ContradictsTransfer);
     }
-    if known.source_account.as_deref() != Some(t.source_account.as_str())
-        || known.destination_account.as_deref() != Some(t.destination_account.as_str())
-        || known.amount_cents != Some(t.amount_cents)
-        || known.currency.as_deref() != Some(t.currency.as_str())
-    {
-        return Err(reason::TRANSFER_MISMATCH);
+    if k.status.as_deref() != Some(status::PENDING) {
+        return Err(Refusal::NotPending);
     }
-    Ok(())
+    match k.decision.as_deref() {
+        None => Err(Refusal::NoDecision),
+        Some(BLOCKED) => Err(Refusal::Blocked),
+        Some(ANALYZED)
+            if same(&k.decided_source, &k.decided_destination, k.decided_amount_cents, &k.decided_currency) =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(Refusal::ContradictsDecision),
+    }
 }
 
 /// The business rules on running balances. `Ok` carries the new (source, destination)
 /// balances.
-fn decide(
+///
+/// # Errors
+/// The rejection reason.
+pub fn decide(
     accounts: &HashMap<String, LockedAccount>,
     t: &TransferAnalyzed,
     max_balance: i64,
@@ -209,19 +268,6 @@ fn decide(
         return Err(reason::BALANCE_LIMIT_EXCEEDED);
     };
     Ok((source_after, destination_after))
-}
-
-/// The verdict on `t`: the intake's row (when it has one) must admit it, then the rules.
-pub fn verdict(
-    known: &HashMap<Uuid, KnownTransfer>,
-    accounts: &HashMap<String, LockedAccount>,
-    t: &TransferAnalyzed,
-    max_balance: i64,
-) -> Result<(i64, i64), &'static str> {
-    if let Some(k) = known.get(&t.transfer_id) {
-        admits(k, t)?;
-    }
-    decide(accounts, t, max_balance)
 }
 
 #[cfg(test)]
@@ -272,52 +318,79 @@ mod tests {
         assert_eq!(decide(&accounts, &transfer("A", "B", 6, "BRL"), MAX), Err(reason::BALANCE_LIMIT_EXCEEDED));
     }
 
-    #[test]
-    fn a_known_transfer_settles_only_while_pending_and_matching() {
-        let accounts: HashMap<_, _> = [account("A", 100, "BRL"), account("B", 0, "BRL")].into();
-        let t = transfer("A", "B", 10, "BRL");
-        let row = |status: &str, amount: i64| KnownTransfer {
+    /// What the intake and antifraud hold of `t` when both did their part.
+    fn genuine(t: &TransferAnalyzed) -> KnownTransfer {
+        KnownTransfer {
             id: t.transfer_id,
-            source_account: Some("A".into()),
-            destination_account: Some("B".into()),
-            amount_cents: Some(amount),
-            currency: Some("BRL".into()),
-            status: Some(status.into()),
-            blocked: false,
-        };
-        let known = |k: KnownTransfer| HashMap::from([(k.id, k)]);
-        assert_eq!(verdict(&HashMap::new(), &accounts, &t, MAX), Ok((90, 10)), "unknown to the intake");
-        assert_eq!(verdict(&known(row("PENDING", 10)), &accounts, &t, MAX), Ok((90, 10)));
-        assert_eq!(verdict(&known(row("REJECTED", 10)), &accounts, &t, MAX), Err(reason::TRANSFER_NOT_PENDING));
-        assert_eq!(verdict(&known(row("PENDING", 11)), &accounts, &t, MAX), Err(reason::TRANSFER_MISMATCH));
-        let blocked = KnownTransfer { id: t.transfer_id, blocked: true, ..KnownTransfer::default() };
-        assert_eq!(
-            verdict(&known(blocked), &accounts, &t, MAX),
-            Err(BLOCKED_BY_ANTIFRAUD),
-            "blocked, though the intake never saw it or its rejection is not projected yet"
-        );
+            source_account: Some(t.source_account.clone()),
+            destination_account: Some(t.destination_account.clone()),
+            amount_cents: Some(t.amount_cents),
+            currency: Some(t.currency.clone()),
+            status: Some(status::PENDING.into()),
+            decision: Some(ANALYZED.into()),
+            decided_source: Some(t.source_account.clone()),
+            decided_destination: Some(t.destination_account.clone()),
+            decided_amount_cents: Some(t.amount_cents),
+            decided_currency: Some(t.currency.clone()),
+        }
+    }
+
+    fn known_all(batch: &[SettleRequest]) -> HashMap<Uuid, KnownTransfer> {
+        batch.iter().map(|r| (r.transfer.transfer_id, genuine(&r.transfer))).collect()
     }
 
     #[test]
-    fn a_transfer_whose_outcome_was_published_is_refused_without_a_second_event() {
+    fn the_ledger_acts_only_on_what_the_intake_took_and_antifraud_analyzed() {
+        let t = transfer("A", "B", 10, "BRL");
+        assert_eq!(admits(Some(&genuine(&t)), &t), Ok(()));
+        let with = |change: &dyn Fn(&mut KnownTransfer)| {
+            let mut k = genuine(&t);
+            change(&mut k);
+            admits(Some(&k), &t)
+        };
+        assert_eq!(admits(None, &t), Err(Refusal::UnknownTransfer));
+        assert_eq!(with(&|k| k.status = None), Err(Refusal::UnknownTransfer), "a decision alone is not a transfer");
+        assert_eq!(with(&|k| k.amount_cents = Some(11)), Err(Refusal::ContradictsTransfer));
+        assert_eq!(with(&|k| k.destination_account = Some("C".into())), Err(Refusal::ContradictsTransfer));
+        assert_eq!(with(&|k| k.currency = Some("USD".into())), Err(Refusal::ContradictsTransfer));
+        assert_eq!(with(&|k| k.status = Some(status::SETTLED.into())), Err(Refusal::NotPending));
+        assert_eq!(with(&|k| k.status = Some(status::REJECTED.into())), Err(Refusal::NotPending));
+        assert_eq!(with(&|k| k.decision = None), Err(Refusal::NoDecision));
+        assert_eq!(with(&|k| k.decision = Some(BLOCKED.into())), Err(Refusal::Blocked));
+        assert_eq!(with(&|k| k.decided_amount_cents = Some(9)), Err(Refusal::ContradictsDecision));
+        assert_eq!(with(&|k| k.decided_source = Some("X".into())), Err(Refusal::ContradictsDecision));
+    }
+
+    #[test]
+    fn a_refused_event_writes_nothing_and_undoes_its_inbox_claim() {
         let accounts: HashMap<_, _> = [account("A", 100, "BRL"), account("B", 0, "BRL")].into();
         let t = transfer("A", "B", 10, "BRL");
         let fresh = HashSet::from([t.transfer_id]);
-        let known_as = |k: KnownTransfer| HashMap::from([(t.transfer_id, k)]);
-        let blocked = KnownTransfer { id: t.transfer_id, blocked: true, ..KnownTransfer::default() };
-        let rejected = KnownTransfer { id: t.transfer_id, status: Some("REJECTED".into()), ..KnownTransfer::default() };
-        for (known, reason) in
-            [(known_as(blocked), BLOCKED_BY_ANTIFRAUD), (known_as(rejected), reason::TRANSFER_NOT_PENDING)]
-        {
+        let mut blocked = genuine(&t);
+        blocked.decision = Some(BLOCKED.into());
+        for known in [HashMap::new(), HashMap::from([(t.transfer_id, blocked)])] {
             let plan = plan_batch(&[req(&t)], &fresh, &known, accounts.clone(), &topics()).unwrap();
-            assert_eq!(plan.outcomes, [SettleOutcome::Rejected(reason)]);
-            assert_eq!(plan.effects.outcomes.transfer_id, [t.transfer_id], "the inbox records the refusal");
-            assert!(plan.effects.events.id.is_empty(), "{reason}: no second outcome event");
+            assert!(matches!(plan.outcomes[..], [SettleOutcome::Refused(_)]), "{:?}", plan.outcomes);
+            assert!(plan.effects.postings.transfer_id.is_empty() && plan.effects.events.id.is_empty());
+            assert!(plan.effects.outcomes.transfer_id.is_empty(), "no outcome recorded");
+            assert_eq!(plan.effects.released, [t.transfer_id], "the inbox claim is undone");
+            assert_eq!(plan.changed_balances().count(), 0);
         }
-        // A refusal of the ledger's own still tells the client.
-        let poor: HashMap<_, _> = [account("A", 1, "BRL"), account("B", 0, "BRL")].into();
-        let plan = plan_batch(&[req(&t)], &fresh, &HashMap::new(), poor, &topics()).unwrap();
-        assert_eq!(plan.effects.events.id.len(), 1, "INSUFFICIENT_FUNDS is published");
+    }
+
+    #[test]
+    fn a_forged_event_before_the_genuine_one_in_a_batch_does_not_shadow_it() {
+        let accounts: HashMap<_, _> = [account("A", 100, "BRL"), account("B", 0, "BRL")].into();
+        let genuine_event = transfer("A", "B", 10, "BRL");
+        let mut forged = genuine_event.clone();
+        forged.amount_cents = 90;
+        let batch = [req(&forged), req(&genuine_event)];
+        let fresh = HashSet::from([genuine_event.transfer_id]);
+        let known = HashMap::from([(genuine_event.transfer_id, genuine(&genuine_event))]);
+        let plan = plan_batch(&batch, &fresh, &known, accounts, &topics()).unwrap();
+        assert_eq!(plan.outcomes, [SettleOutcome::Refused(Refusal::ContradictsTransfer), SettleOutcome::Settled]);
+        assert!(plan.effects.released.is_empty(), "the genuine event keeps the claim");
+        assert_eq!(plan.effects.postings.amount_cents, [10, 10]);
     }
 
     fn topics() -> LedgerTopics {
@@ -336,7 +409,7 @@ mod tests {
         let spends_credit = transfer("B", "C", 70, "BRL");
         let batch = [req(&first), req(&overdraws), req(&spends_credit), req(&first)];
         let fresh: HashSet<Uuid> = batch.iter().map(|r| r.transfer.transfer_id).collect();
-        let plan = plan_batch(&batch, &fresh, &HashMap::new(), accounts, &topics()).unwrap();
+        let plan = plan_batch(&batch, &fresh, &known_all(&batch), accounts, &topics()).unwrap();
         assert_eq!(
             plan.outcomes,
             [
@@ -368,7 +441,7 @@ mod tests {
     fn a_transfer_already_in_the_inbox_has_no_effect() {
         let accounts: HashMap<_, _> = [account("A", 100, "BRL"), account("B", 0, "BRL")].into();
         let t = transfer("A", "B", 10, "BRL");
-        let plan = plan_batch(&[req(&t)], &HashSet::new(), &HashMap::new(), accounts, &topics()).unwrap();
+        let plan = plan_batch(&[req(&t)], &HashSet::new(), &known_all(&[req(&t)]), accounts, &topics()).unwrap();
         assert_eq!(plan.outcomes, [SettleOutcome::Duplicate]);
         assert_eq!(plan.changed_balances().count(), 0);
         assert!(plan.effects.outcomes.transfer_id.is_empty() && plan.effects.events.id.is_empty());

@@ -12,15 +12,17 @@
 //!    has no effect.
 //! 2. Lock every account involved, `ORDER BY id FOR UPDATE`: every transaction locks in the
 //!    same global order, so concurrent batches (and A->B against B->A) cannot deadlock.
-//! 3. Read the intake's own `transfers` rows of the batch, if any: a transfer tally's intake
-//!    knows is settled only while its row is PENDING and matches the event (accounts,
-//!    amount, currency). A transfer the intake never saw (another service produced its
-//!    `TransferAnalyzed`) is settled on the event alone.
+//! 3. Read what the system of record holds of the batch's transfers: the intake's
+//!    `transfers` rows and antifraud's stored decisions. The ledger acts only on a transfer
+//!    the intake took, still PENDING, with an ANALYZED decision, the event matching both
+//!    (accounts, amount, currency); any other event is refused as poison and its inbox
+//!    claim undone ([`super::plan::admits`]).
 //! 4. Rules in memory, in batch order, on running balances, so two transfers of one batch
 //!    touching the same account see each other's effect: ACCOUNT_NOT_FOUND,
 //!    CURRENCY_MISMATCH, INSUFFICIENT_FUNDS, BALANCE_LIMIT_EXCEEDED (a credit past the
 //!    configured ceiling; arithmetic is checked) are committed rejections, not errors.
-//! 5. Set-based writes: postings (D and C), balances, outcomes, outbox events.
+//! 5. Set-based writes: postings (D and C), balances, outcomes, outbox events, and the
+//!    release of refused transfers' inbox claims.
 //!
 //! Five round trips a batch: `BEGIN`; the inbox; the locks and the read of step 3, sent
 //! together; the four writes, sent together; `COMMIT` (see [`crate::store::Sent`]).
@@ -34,8 +36,8 @@ use futures_util::{FutureExt, TryFutureExt};
 use tally_schema::events::TransferAnalyzed;
 use uuid::Uuid;
 
-use super::plan::{plan_batch, Effects};
-use crate::store::{accounts, outbox, transfers, Sent};
+use super::plan::{plan_batch, Effects, Refusal};
+use crate::store::{accounts, known, outbox, Sent};
 
 /// Rejection reasons of the ledger.
 pub mod reason {
@@ -44,12 +46,6 @@ pub mod reason {
     pub const INSUFFICIENT_FUNDS: &str = "INSUFFICIENT_FUNDS";
     /// The credit would take the destination past the configured balance ceiling.
     pub const BALANCE_LIMIT_EXCEEDED: &str = "BALANCE_LIMIT_EXCEEDED";
-    /// The intake's transfer row is no longer PENDING (e.g. antifraud blocked it), yet a
-    /// `TransferAnalyzed` arrived for it.
-    pub const TRANSFER_NOT_PENDING: &str = "TRANSFER_NOT_PENDING";
-    /// The `TransferAnalyzed` disagrees with the intake's transfer row (accounts, amount or
-    /// currency).
-    pub const TRANSFER_MISMATCH: &str = "TRANSFER_MISMATCH";
 }
 
 /// Kinds of the derived event ids.
@@ -68,6 +64,9 @@ pub enum SettleOutcome {
     Settled,
     Rejected(&'static str),
     Duplicate,
+    /// The system of record contradicts the event: nothing was written for it, and its
+    /// record is poison.
+    Refused(Refusal),
 }
 
 impl SettleOutcome {
@@ -77,6 +76,7 @@ impl SettleOutcome {
             Self::Settled => "settled",
             Self::Rejected(_) => "rejected",
             Self::Duplicate => "duplicate",
+            Self::Refused(_) => "refused",
         }
     }
 }
@@ -118,15 +118,16 @@ pub async fn settle_batch(
                 .collect();
             account_ids.sort_unstable();
             account_ids.dedup();
-            let fresh_ids: Vec<Uuid> = if crate::faults::is_on(crate::faults::Fault::SkipInbox) {
-                // Broken on purpose (test builds only): nor is the intake's row consulted.
-                Vec::new()
-            } else {
-                ids.iter().copied().filter(|id| fresh.contains(id)).collect()
-            };
-            // The lock and the read go in one round trip, and so do the four writes.
-            let (locked, known) =
-                try_join(accounts::lock(conn, &account_ids), transfers::load_known(conn, &fresh_ids)).await?;
+            let fresh_ids: Vec<Uuid> = ids.iter().copied().filter(|id| fresh.contains(id)).collect();
+            // The lock and the read go in one round trip, and so do the writes.
+            let (locked, mut known) =
+                try_join(accounts::lock(conn, &account_ids), known::load_known(conn, &fresh_ids)).await?;
+            if crate::faults::is_on(crate::faults::Fault::SkipInbox) {
+                // Broken on purpose (test builds only): nor is a final status noticed.
+                for k in known.values_mut().filter(|k| k.status.is_some()) {
+                    k.status = Some(tally_schema::models::status::PENDING.into());
+                }
+            }
             let plan = plan_batch(batch, &fresh, &known, locked, topics)
                 .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
             let (changed, balances): (Vec<String>, Vec<i64>) = plan.changed_balances().unzip();
@@ -145,9 +146,10 @@ pub async fn settle_batch(
     .await
 }
 
-/// The inbox outcomes and the outbox events of `effects`, sent together (one round trip).
+/// The inbox outcomes, the outbox events and the refused transfers' released inbox claims
+/// of `effects`, sent together (one round trip).
 pub fn write_outcomes_and_events<'a>(conn: &mut AsyncPgConnection, effects: &'a Effects) -> Sent<'a, ()> {
-    try_join(accounts::set_outcomes(conn, &effects.outcomes), outbox::insert_columns(conn, &effects.events))
-        .map_ok(|((), ())| ())
-        .boxed()
+    let outcomes =
+        try_join(accounts::set_outcomes(conn, &effects.outcomes), accounts::release_inbox(conn, &effects.released));
+    try_join(outcomes, outbox::insert_columns(conn, &effects.events)).map_ok(|_| ()).boxed()
 }

@@ -54,6 +54,8 @@ pub struct NotifierSettings {
     pub delays_ms: Vec<u64>,
     /// Longest a database call waits to be taken by its writer (the connect timeout).
     pub database_wait: Duration,
+    /// The topic of `TransferSettled` events (the other source carries rejections).
+    pub settled_topic: String,
 }
 
 impl NotifierSettings {
@@ -144,15 +146,21 @@ impl RecordHandler for Notifier {
             let ids: EventIds = serde_json::from_slice(body)
                 .map_err(|e| HandlerError::poison(format!("undecodable transfer event: {e}")))?;
             hop.record("transfer.id", display(ids.transfer_id));
+            let origin = record.origin();
+            let change = crate::projection::decode_change(body, origin.topic == settings.settled_topic)?;
             let attempt = record
                 .header_str(headers::RETRY_ATTEMPTS)
                 .and_then(|v| v.parse::<u32>().ok())
                 .unwrap_or(0)
                 .saturating_add(1);
-            let origin = record.origin();
-            if writes.seen.submit(ids.event_id).await? {
-                metrics.notification_deliveries_total.with_label_values(&["already_delivered"]).inc();
-                return Ok("already_delivered");
+            match writes.seen.submit(writes::Check { event_id: ids.event_id, change }).await? {
+                writes::Seen::Delivered => {
+                    metrics.notification_deliveries_total.with_label_values(&["already_delivered"]).inc();
+                    return Ok("already_delivered");
+                }
+                // An outcome no stage decided: no one is told of it.
+                writes::Seen::Refused(reason) => return Err(HandlerError::poison(reason)),
+                writes::Seen::Due => {}
             }
             still_ours("the webhook POST")?;
             let failure = match post(&http, &settings, &record, ids.event_id, body, attempt).await {

@@ -10,10 +10,13 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use uuid::Uuid;
 
+use futures_util::future::try_join;
+
 use crate::metrics::Metrics;
-use crate::projection::refused;
+use crate::projection::{refused, StatusChange};
 use crate::store::group_commit::{Batch, GroupCommit, GroupCommitSettings, Refusal};
 use crate::store::notifications::{self, Delivery};
+use crate::store::outcomes;
 use crate::store::PgPool;
 use crate::supervise::{ErrorClass, HandlerError};
 
@@ -43,8 +46,27 @@ impl Writes {
     }
 }
 
-/// Whether an event was delivered already.
+/// An event to deliver: whether it was delivered already, and whether the system of record
+/// holds the outcome it announces.
 pub(super) struct SeenBatch;
+
+/// What [`SeenBatch`] is asked about.
+#[derive(Debug, Clone)]
+pub(super) struct Check {
+    pub event_id: Uuid,
+    pub change: StatusChange,
+}
+
+/// What [`SeenBatch`] answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Seen {
+    /// Delivered before: nothing to send.
+    Delivered,
+    /// Not delivered, and the outcome it announces is the recorded one.
+    Due,
+    /// The system of record does not hold that outcome: poison, for this reason.
+    Refused(String),
+}
 
 /// Records a delivery that got through.
 pub(super) struct DeliveredBatch;
@@ -54,16 +76,35 @@ fn database_error(e: &diesel::result::Error) -> HandlerError {
 }
 
 impl Batch for SeenBatch {
-    type Item = Uuid;
-    type Outcome = bool;
+    type Item = Check;
+    type Outcome = Seen;
     type Error = HandlerError;
 
     fn write<'a>(
         &'a self,
         conn: &'a mut AsyncPgConnection,
-        items: &'a [Uuid],
-    ) -> BoxFuture<'a, Result<Vec<bool>, HandlerError>> {
-        async move { notifications::delivered(conn, items).await.map_err(|e| database_error(&e)) }.boxed()
+        items: &'a [Check],
+    ) -> BoxFuture<'a, Result<Vec<Seen>, HandlerError>> {
+        async move {
+            let transfers: Vec<Uuid> = items.iter().map(|c| c.change.transfer_id).collect();
+            let events: Vec<Uuid> = items.iter().map(|c| c.event_id).collect();
+            let recorded = outcomes::recorded(conn, &transfers);
+            let (recorded, delivered) =
+                try_join(recorded, notifications::delivered(conn, &events)).await.map_err(|e| database_error(&e))?;
+            Ok(items
+                .iter()
+                .zip(delivered)
+                .map(|(c, delivered)| {
+                    let held = recorded.get(&c.change.transfer_id).cloned().unwrap_or_default();
+                    match held.confirms(c.change.status, c.change.reason.as_deref()) {
+                        _ if delivered => Seen::Delivered,
+                        Ok(()) => Seen::Due,
+                        Err(reason) => Seen::Refused(reason),
+                    }
+                })
+                .collect())
+        }
+        .boxed()
     }
 
     fn refused(&self, why: Refusal<'_>) -> HandlerError {

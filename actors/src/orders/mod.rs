@@ -68,10 +68,11 @@ impl RecordHandler for OrderMaterializer {
         async move {
             let order = decode_order_received(&record)?;
             let mut conn = pool.get().await.map_err(|e| HandlerError::classified("database unavailable", &e))?;
-            materialize(&mut conn, &order)
-                .await
-                .map(Materialized::label)
-                .map_err(|e| HandlerError::classified(&format!("cannot materialize order {}", order.order_id), &e))
+            match materialize(&mut conn, &order).await {
+                Ok(Materialized::Refused(reason)) => Err(HandlerError::poison(reason)),
+                Ok(done) => Ok(done.label()),
+                Err(e) => Err(HandlerError::classified(&format!("cannot materialize order {}", order.order_id), &e)),
+            }
         }
         .boxed()
     }

@@ -23,6 +23,7 @@ use tracing::warn;
 use super::refusal::{settle, Outcome, Refusal};
 use crate::backoff::Backoff;
 use crate::metrics::Metrics;
+use crate::signing::Keyring;
 use crate::store::outbox::{self, ClaimedOutboxEvent, Reach};
 use crate::store::{outbox_parked, PgPool};
 use crate::trace;
@@ -101,10 +102,12 @@ pub struct OutboxRelay {
     metrics: Metrics,
     batch_size: i64,
     parked_retry: Backoff,
+    keyring: Keyring,
 }
 
 impl OutboxRelay {
-    /// `parked_retry` is the curve of waits between the attempts of a parked row.
+    /// `parked_retry` is the curve of waits between the attempts of a parked row; every
+    /// record is signed with `keyring`'s signing key.
     #[must_use]
     pub fn new(
         pool: PgPool,
@@ -112,12 +115,13 @@ impl OutboxRelay {
         metrics: Metrics,
         batch_size: i64,
         parked_retry: Backoff,
+        keyring: Keyring,
     ) -> Self {
         // Every label set from the start, so that `increase()` sees the first claim.
         for found in BatchOutcome::FOUND {
             metrics.outbox_claims_total.with_label_values(&[found]);
         }
-        Self { pool, producer, metrics, batch_size, parked_retry }
+        Self { pool, producer, metrics, batch_size, parked_retry, keyring }
     }
 
     #[must_use]
@@ -247,6 +251,7 @@ impl OutboxRelay {
             if let Some(tp) = &traceparent {
                 hdrs = hdrs.insert(Header { key: headers::TRACEPARENT, value: Some(tp.as_bytes()) });
             }
+            let hdrs = self.keyring.sign(hdrs, row.key.as_bytes(), row.payload.as_bytes(), &id, &row.event_type);
             let record = FutureRecord::to(&row.topic).key(&row.key).payload(&row.payload).headers(hdrs);
             match self.producer.send_result(record) {
                 Ok(delivery) => deliveries.push((index, row.id, row.created_at, delivery, span)),

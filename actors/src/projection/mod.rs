@@ -1,6 +1,10 @@
 //! The status projection: `transfers.settled` and `transfers.rejected` set the transfer's
 //! status, rejection reason and `updated_at`. Idempotent and monotonic: only a PENDING
-//! transfer moves, so a duplicate or late event never moves a final state.
+//! transfer moves, so a duplicate or late event never moves a final state. An event moves
+//! nothing the system of record does not confirm ([`Recorded::confirms`]): SETTLED only
+//! what the ledger settled, with its postings; REJECTED only with the reason the ledger or
+//! antifraud stored. Any other event (an unknown transfer, a forged or stray outcome) is
+//! poison and changes nothing.
 
 use std::sync::Arc;
 
@@ -15,6 +19,7 @@ use uuid::Uuid;
 use crate::metrics::Metrics;
 use crate::record::Record;
 use crate::store::group_commit::{Batch, GroupCommit, GroupCommitSettings, Refusal};
+use crate::store::outcomes::{self, Recorded};
 use crate::store::transfers::{self, Finish};
 use crate::store::PgPool;
 use crate::supervise::{ErrorClass, HandlerError, RecordHandler};
@@ -34,7 +39,15 @@ pub struct StatusChange {
 /// A poison [`HandlerError`] for records that do not decode.
 pub fn decode(record: &Record, settled_topic: &str) -> Result<StatusChange, HandlerError> {
     let payload = record.payload.as_deref().ok_or_else(|| HandlerError::poison("record has no value"))?;
-    if record.topic == settled_topic {
+    decode_change(payload, record.topic == settled_topic)
+}
+
+/// Decodes the payload of a `TransferSettled` (`settled`) or `TransferRejected` event.
+///
+/// # Errors
+/// A poison [`HandlerError`] for payloads that do not decode.
+pub fn decode_change(payload: &[u8], settled: bool) -> Result<StatusChange, HandlerError> {
+    if settled {
         let e: TransferSettled = serde_json::from_slice(payload)
             .map_err(|e| HandlerError::poison(format!("undecodable TransferSettled: {e}")))?;
         Ok(StatusChange { transfer_id: e.transfer_id, status: status::SETTLED, reason: None })
@@ -48,22 +61,56 @@ pub fn decode(record: &Record, settled_topic: &str) -> Result<StatusChange, Hand
     }
 }
 
+/// What became of one status move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Projected {
+    Moved,
+    /// A duplicate or a late event: the transfer was final already.
+    Unchanged,
+    /// The system of record does not confirm it: the record is poison, for this reason.
+    Refused(String),
+}
+
 /// The projection's writes for [`GroupCommit`]: status moves of records handled while the
-/// writers are busy share one statement.
+/// writers are busy share one read of what is recorded and one statement.
 pub struct StatusBatch;
 
 impl Batch for StatusBatch {
     type Item = Finish;
-    type Outcome = bool;
+    type Outcome = Projected;
     type Error = HandlerError;
 
     fn write<'a>(
         &'a self,
         conn: &'a mut AsyncPgConnection,
         items: &'a [Finish],
-    ) -> BoxFuture<'a, Result<Vec<bool>, HandlerError>> {
-        async move { transfers::finish_all(conn, items).await.map_err(|e| HandlerError::classified("database error", &e)) }
-            .boxed()
+    ) -> BoxFuture<'a, Result<Vec<Projected>, HandlerError>> {
+        async move {
+            let db = |e: diesel::result::Error| HandlerError::classified("database error", &e);
+            let ids: Vec<Uuid> = items.iter().map(|m| m.id).collect();
+            let recorded = outcomes::recorded(conn, &ids).await.map_err(db)?;
+            let verdicts: Vec<Result<(), String>> = items
+                .iter()
+                .map(|m| {
+                    recorded.get(&m.id).map_or_else(
+                        || Recorded::default().confirms(m.status, None),
+                        |r| r.confirms(m.status, m.reason.as_deref()),
+                    )
+                })
+                .collect();
+            let admitted: Vec<Finish> =
+                items.iter().zip(&verdicts).filter(|(_, v)| v.is_ok()).map(|(m, _)| m.clone()).collect();
+            let mut moved = transfers::finish_all(conn, &admitted).await.map_err(db)?.into_iter();
+            Ok(verdicts
+                .into_iter()
+                .map(|verdict| match verdict {
+                    Err(reason) => Projected::Refused(reason),
+                    Ok(()) if moved.next() == Some(true) => Projected::Moved,
+                    Ok(()) => Projected::Unchanged,
+                })
+                .collect())
+        }
+        .boxed()
     }
 
     fn refused(&self, why: Refusal<'_>) -> HandlerError {
@@ -116,11 +163,12 @@ impl RecordHandler for StatusProjector {
         }
         trace::handled(span, async move {
             let change = decoded?;
-            // Unchanged: a duplicate, a late event after a final state, or a transfer this
-            // database does not hold.
-            let moved =
-                writes.submit(Finish { id: change.transfer_id, status: change.status, reason: change.reason }).await?;
-            Ok(if moved { "projected" } else { "unchanged" })
+            match writes.submit(Finish { id: change.transfer_id, status: change.status, reason: change.reason }).await?
+            {
+                Projected::Moved => Ok("projected"),
+                Projected::Unchanged => Ok("unchanged"),
+                Projected::Refused(reason) => Err(HandlerError::poison(reason)),
+            }
         })
     }
 }

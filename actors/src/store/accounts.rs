@@ -110,6 +110,20 @@ pub fn claim_inbox<'a>(conn: &mut AsyncPgConnection, ids: &'a [Uuid]) -> Sent<'a
     async move { Ok(sent.await?.into_iter().map(|r| r.transfer_id).collect()) }.boxed()
 }
 
+/// Undoes this transaction's inbox claims of `ids` (transfers the ledger refused): their
+/// genuine event is then new when it comes.
+///
+/// # Errors
+/// Any database error.
+pub fn release_inbox<'a>(conn: &mut AsyncPgConnection, ids: &'a [Uuid]) -> Sent<'a, ()> {
+    let sent = (!ids.is_empty()).then(|| {
+        diesel::sql_query("DELETE FROM processed_transfers WHERE transfer_id = ANY($1) AND outcome = 'PROCESSING'")
+            .bind::<Array<SqlUuid>, _>(ids)
+            .execute(conn)
+    });
+    unit(sent)
+}
+
 /// Locks `ids` (`ORDER BY id FOR UPDATE`): every transaction locks in the same global
 /// order, so concurrent batches (and A->B against B->A) cannot deadlock. Accounts that do
 /// not exist are absent from the map.

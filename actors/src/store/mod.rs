@@ -5,7 +5,8 @@
 //!
 //! | file | tables |
 //! |---|---|
-//! | `transfers.rs` | `transfers` (intake, projection, what the ledger reads) |
+//! | `transfers.rs` | `transfers` (intake, projection) |
+//! | `known.rs` | `transfers`, `antifraud_decisions`, read-only: what the ledger and antifraud check an event against |
 //! | `transfer_list.rs` | `transfers`, read-only: the console's list, by account and status |
 //! | `accounts.rs` | `accounts`, `postings`, `processed_transfers` (the ledger's inbox) |
 //! | `outbox.rs` | `outbox_events`: insert, claim, mark published, delete, backlog |
@@ -13,6 +14,7 @@
 //! | `orders.rs` | `orders`, `received_orders` |
 //! | `notifications.rs` | `notification_deliveries` |
 //! | `decisions.rs` | `antifraud_decisions` |
+//! | `outcomes.rs` | `transfers`, `processed_transfers`, `postings`, `antifraud_decisions`, read-only: a transfer's outcome as stored |
 //! | `dead_letters.rs` | `dead_letters` |
 //! | `dlt_replays.rs` | `dlt_replays` (the log of every dead-letter replay) |
 //! | `heartbeats.rs` | `heartbeats` (the dependency probe of each stage) |
@@ -36,12 +38,14 @@ pub mod group_commit;
 pub mod heartbeats;
 pub mod idempotency;
 pub mod invariants;
+pub mod known;
 pub mod lookup;
 pub mod migrate;
 pub mod notifications;
 pub mod orders;
 pub mod outbox;
 pub mod outbox_parked;
+pub mod outcomes;
 pub mod pool;
 pub mod tls;
 pub mod transfer_list;

@@ -157,6 +157,9 @@ pub enum Materialized {
     New,
     /// A row with this `order_id` already existed: nothing was written.
     Duplicate,
+    /// The intake took no such order (or another one under this id): nothing was written,
+    /// and the record is poison, for this reason.
+    Refused(&'static str),
 }
 
 impl Materialized {
@@ -166,12 +169,15 @@ impl Materialized {
         match self {
             Self::New => "materialized",
             Self::Duplicate => "duplicate",
+            Self::Refused(_) => "refused",
         }
     }
 }
 
 /// Inserts `event` into `received_orders` in a transaction of its own, keyed by
-/// `order_id`; a second materialisation of the same order id writes nothing.
+/// `order_id`; a second materialisation of the same order id writes nothing. Only an order
+/// the intake took, with the event's reference, customer, amount and currency, is
+/// materialised: any other event is [`Materialized::Refused`].
 ///
 /// # Errors
 /// When the database fails (unavailable, timeout, lock timeout); nothing is written then
@@ -191,6 +197,23 @@ pub async fn materialize(
     };
     conn.transaction(|conn| {
         async move {
+            // Orders never change once taken: what is read here stays true.
+            let taken: Option<Order> =
+                orders::table.find(event.order_id).select(Order::as_select()).first(conn).await.optional()?;
+            match taken {
+                None => return Ok(Materialized::Refused("unknown order: the intake never took it")),
+                Some(o)
+                    if o.external_reference != event.external_reference
+                        || o.customer_id != event.customer_id
+                        || o.amount_cents != event.amount_cents
+                        || o.currency != event.currency =>
+                {
+                    return Ok(Materialized::Refused(
+                        "contradicts the order: other reference, customer, amount or currency than the intake took",
+                    ))
+                }
+                Some(_) => {}
+            }
             let inserted = diesel::insert_into(received_orders::table)
                 .values(&row)
                 .on_conflict(received_orders::order_id)

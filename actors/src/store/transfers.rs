@@ -1,16 +1,15 @@
 //! The `transfers` table: the intake's rows (created with their outbox rows in one
-//! transaction per batch), lookups, the status projection's one-way move out of PENDING, and what
-//! the ledger reads of the intake's rows before it settles.
+//! transaction per batch), lookups, and the status projection's one-way move out of PENDING.
+//! What the ledger and antifraud read of the intake's rows is in `known.rs`.
 
 use std::collections::{HashMap, HashSet};
 
 use chrono::Utc;
 use diesel::prelude::*;
-use diesel::sql_types::{Array, BigInt, Nullable, Text, Uuid as SqlUuid};
+use diesel::sql_types::{Array, Nullable, Text, Uuid as SqlUuid};
 use diesel::QueryableByName;
 use diesel_async::scoped_futures::ScopedFutureExt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use futures_util::FutureExt;
 use tally_schema::events::{derived_event_id, TransferRequested};
 use tally_schema::models::{status, Transfer};
 use tally_schema::schema::transfers;
@@ -19,7 +18,6 @@ use uuid::Uuid;
 
 use super::idempotency;
 use super::outbox::{self, OutboxColumns};
-use super::Sent;
 
 /// A validated transfer request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,50 +331,4 @@ pub async fn finish_all(conn: &mut AsyncPgConnection, moves: &[Finish]) -> Resul
 struct MovedId {
     #[diesel(sql_type = SqlUuid)]
     id: Uuid,
-}
-
-/// What tally already knows of a transfer besides the event: the intake's row (when the
-/// intake took it) and whether antifraud blocked it.
-#[derive(QueryableByName, Clone, Default)]
-pub struct KnownTransfer {
-    #[diesel(sql_type = diesel::sql_types::Uuid)]
-    pub id: Uuid,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub source_account: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub destination_account: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    pub amount_cents: Option<i64>,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub currency: Option<String>,
-    /// `None` when the intake never saw the transfer.
-    #[diesel(sql_type = Nullable<Text>)]
-    pub status: Option<String>,
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    pub blocked: bool,
-}
-
-/// What is known of `ids` besides their events: the intake's rows and antifraud's blocks.
-///
-/// # Errors
-/// Any database error.
-pub fn load_known<'a>(conn: &mut AsyncPgConnection, ids: &'a [Uuid]) -> Sent<'a, HashMap<Uuid, KnownTransfer>> {
-    let sent = (!ids.is_empty()).then(|| {
-        diesel::sql_query(
-        "SELECT u.id, t.source_account::text AS source_account, t.destination_account::text AS destination_account, \
-                t.amount_cents, t.currency::text AS currency, t.status::text AS status, \
-                COALESCE(d.outcome = 'BLOCKED', false) AS blocked \
-         FROM unnest($1::uuid[]) AS u(id) \
-         LEFT JOIN transfers t ON t.id = u.id \
-         LEFT JOIN antifraud_decisions d ON d.transfer_id = u.id \
-         WHERE t.id IS NOT NULL OR d.outcome = 'BLOCKED'",
-    )
-        .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
-        .load::<KnownTransfer>(conn)
-    });
-    async move {
-        let Some(sent) = sent else { return Ok(HashMap::new()) };
-        Ok(sent.await?.into_iter().map(|k| (k.id, k)).collect())
-    }
-    .boxed()
 }

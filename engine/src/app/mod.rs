@@ -38,6 +38,8 @@ pub struct KafkaEndpoint {
     pub bootstrap: String,
     /// The in-process broker, when `kafka.brokers = "embedded"`; kept alive by the daemon.
     pub embedded: Option<Arc<EmbeddedBroker>>,
+    /// Signs every event the daemon produces and checks every one it consumes.
+    pub keyring: tally_actors::signing::Keyring,
 }
 
 impl KafkaEndpoint {
@@ -56,6 +58,16 @@ impl KafkaEndpoint {
             }
             None => None,
         };
+        let keyring = config
+            .signing
+            .keyring(embedded.as_deref().map(EmbeddedBroker::signing_key))
+            .context("cannot load the event-signing keys")?;
+        info!(
+            signing_key = keyring.signing_id(),
+            accepted = keyring.accepted_ids().collect::<Vec<_>>().join(","),
+            accept_unsigned = config.signing.accept_unsigned,
+            "Events are signed and checked."
+        );
         let bootstrap =
             embedded.as_ref().map_or_else(|| config.kafka.brokers.clone(), |b| b.bootstrap_servers().to_owned());
         let create = config.kafka.create_topics || embedded.is_some();
@@ -66,7 +78,7 @@ impl KafkaEndpoint {
             let topic = &config.kafka.topics.transfers_requested;
             topics::check_group_protocol(&config.kafka, &bootstrap, topic, &config.instance.id).await?;
         }
-        Ok(Self { bootstrap, embedded })
+        Ok(Self { bootstrap, embedded, keyring })
     }
 }
 
@@ -142,6 +154,7 @@ pub async fn start(
         metrics: metrics.clone(),
         dlt_producer: dlt_producer.clone(),
         outbox_commits: commits.clone(),
+        keyring: kafka.keyring.clone(),
     };
     let running = stages::start_all(&wiring)?;
     let controls = running.iter().flat_map(stages::Running::controls).collect();
@@ -155,6 +168,7 @@ pub async fn start(
             metrics.clone(),
             config.outbox.batch_size,
             Backoff::doubling(config.outbox.parked_retry_initial, config.outbox.parked_retry_max),
+            kafka.keyring.clone(),
         );
         let settings = PublisherSettings {
             poll_interval: config.outbox.poll_interval,

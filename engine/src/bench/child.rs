@@ -146,6 +146,7 @@ impl<'a> Site<'a> {
         let instance = format!("{group}-{i}");
         let mut env: Vec<(String, String)> = [
             ("TALLY__DATABASE__URL", self.url.as_str()),
+            ("TALLY__SIGNING__KEYS_DIR", super::KEYS_DIR),
             ("TALLY__KAFKA__BROKERS", self.broker.bootstrap_servers()),
             ("TALLY__KAFKA__CREATE_TOPICS", "false"),
             ("TALLY__KAFKA__TOPICS__TRANSFERS_ANALYZED", topic),
@@ -202,6 +203,7 @@ pub(super) struct Stream {
     accounts: usize,
     partitions: i32,
     next: usize,
+    keyring: tally_actors::signing::Keyring,
 }
 
 pub(super) type Delivery = rdkafka::producer::DeliveryFuture;
@@ -216,8 +218,8 @@ pub(super) struct Sent {
 }
 
 impl Stream {
-    pub(super) fn new(accounts: usize, partitions: i32) -> Self {
-        Self { accounts, partitions, next: 0 }
+    pub(super) fn new(accounts: usize, partitions: i32) -> anyhow::Result<Self> {
+        Ok(Self { accounts, partitions, next: 0, keyring: super::bench_keys()?.1 })
     }
 
     /// Sends the next transfer to `topic`.
@@ -241,7 +243,11 @@ impl Stream {
         })?;
         let key = account(from);
         let kind = EventType::TransferAnalyzed.as_str();
-        let headers = OwnedHeaders::new().insert(Header { key: "event-type", value: Some(kind) });
+        let event_id = tally_schema::derived_event_id("analyzed", transfer_id).to_string();
+        let headers = OwnedHeaders::new()
+            .insert(Header { key: "event-id", value: Some(&event_id) })
+            .insert(Header { key: "event-type", value: Some(kind) });
+        let headers = self.keyring.sign(headers, key.as_bytes(), event.as_bytes(), &event_id, kind);
         let record = FutureRecord::to(topic).key(&key).payload(&event).partition(partition).headers(headers);
         let delivery = producer.send_result(record).map_err(|(e, _)| e)?;
         Ok(Sent { transfer_id, partition, at_ms, delivery })

@@ -178,6 +178,8 @@ impl Scenario {
 /// # Errors
 /// When the scenario fails (its database, broker or daemons).
 pub fn run(config: &Config, scenario: Scenario) -> anyhow::Result<()> {
+    // Made once here, before any daemon reads it.
+    super::bench_keys()?;
     match scenario {
         Scenario::Ledger { transfers, accounts, partitions, no_baseline, database } => super::ledger::run(
             config,

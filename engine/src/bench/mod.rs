@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod e2e;
 pub mod floor;
 pub mod hops;
+mod keys;
 pub mod ledger;
 pub mod logs;
 pub mod outbox;
@@ -37,6 +38,7 @@ use serde::Serialize;
 use crate::config::SecretUrl;
 use crate::Config;
 use cluster::Cluster;
+pub use keys::{bench_keys, KEYS_DIR};
 pub use progress::Progress;
 
 /// The async runtime of a bench: two worker threads, as many as the machine class has cores.
@@ -53,6 +55,7 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn daemon_config(base: &Config, url: &str, cluster: &Cluster) -> Config {
     let mut config = base.clone();
     config.database.url = SecretUrl::new(url);
+    config.signing.keys_dir = KEYS_DIR.into();
     cluster.configure(&mut config);
     config.http.intake_addr = ([127, 0, 0, 1], 0).into();
     config.http.admin_addr = ([127, 0, 0, 1], 0).into();
@@ -70,7 +73,8 @@ pub struct Outgoing {
 }
 
 /// Produces `n` records, record `i` made by `record(i)`, in chunks of 20,000 awaited
-/// together (a bar of records produced on stderr).
+/// together (a bar of records produced on stderr), each with the `event-id` of its
+/// payload's `eventId` and signed with the bench's key ([`bench_keys`]).
 ///
 /// # Errors
 /// When the producer cannot be created, `record` fails, or a delivery fails.
@@ -87,12 +91,20 @@ pub async fn produce_all(
         .set("queue.buffering.max.messages", "1000000")
         .set("compression.type", "lz4")
         .create()?;
+    let (_, keyring) = bench_keys()?;
     let mut progress = Progress::bar("records produced", n as u64);
     for start in (0..n).step_by(CHUNK) {
         let mut deliveries = Vec::with_capacity(CHUNK);
         for i in start..(start + CHUNK).min(n) {
             let out = record(i)?;
-            let headers = OwnedHeaders::new().insert(Header { key: "event-type", value: Some(out.event_type) });
+            let event_id = serde_json::from_str::<serde_json::Value>(&out.payload)?["eventId"]
+                .as_str()
+                .context("a bench event without an eventId")?
+                .to_owned();
+            let headers = OwnedHeaders::new()
+                .insert(Header { key: "event-id", value: Some(&event_id) })
+                .insert(Header { key: "event-type", value: Some(out.event_type) });
+            let headers = keyring.sign(headers, out.key.as_bytes(), out.payload.as_bytes(), &event_id, out.event_type);
             let sent = FutureRecord::to(&out.topic).key(&out.key).payload(&out.payload).headers(headers);
             deliveries.push(producer.send_result(sent).map_err(|(e, _)| e)?);
         }

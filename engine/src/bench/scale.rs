@@ -135,7 +135,7 @@ fn measure_throughput(site: &Site<'_>, n: usize, transfers: usize) -> anyhow::Re
     let before = site.runtime.block_on(processed(&db))?;
     let started = Instant::now();
     let producer = site.producer()?;
-    let mut stream = Stream::new(site.accounts, site.partitions);
+    let mut stream = Stream::new(site.accounts, site.partitions)?;
     site.runtime.block_on(async {
         let mut deliveries = Vec::with_capacity(transfers);
         for _ in 0..transfers {
@@ -161,7 +161,7 @@ fn disturbed(site: &Site<'_>, args: &Args, change: Change) -> anyhow::Result<Dis
     let db = site.runtime.block_on(connect(&site.url))?;
     let before = site.runtime.block_on(processed(&db))?;
     let producer = site.producer()?;
-    let mut stream = Stream::new(site.accounts, site.partitions);
+    let mut stream = Stream::new(site.accounts, site.partitions)?;
     // Transfer id -> (partition, produced at).
     let mut sent: HashMap<Uuid, (i32, f64)> = HashMap::new();
     let records = args.rate as usize * args.kill_seconds as usize;

@@ -194,7 +194,7 @@ impl<'a> Soak<'a> {
             db,
             probe,
             producer: site.producer()?,
-            stream: Stream::new(args.accounts, site.partitions),
+            stream: Stream::new(args.accounts, site.partitions)?,
             lead: LEAD_PER_PARTITION * usize::try_from(site.partitions.max(1)).unwrap_or(1),
             windows: Windows::new(args.window as u64, args.transfers as u64),
             produced: 0,

@@ -92,6 +92,7 @@ impl Target {
         let intake = free_addr()?;
         let env = [
             ("TALLY__DATABASE__URL", url.to_owned()),
+            ("TALLY__SIGNING__KEYS_DIR", super::KEYS_DIR.to_owned()),
             ("TALLY__KAFKA__BROKERS", cluster.bootstrap()),
             ("TALLY__KAFKA__REPLICATION_FACTOR", "1".to_owned()),
             ("TALLY__KAFKA__GROUP_PROTOCOL", base.kafka.effective_group_protocol().name().to_owned()),

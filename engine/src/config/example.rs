@@ -155,6 +155,13 @@ const KEYS: &[(&str, &str)] = &[
     ("notifications.retry_multiplier", "Growth of each further retry topic's delay."),
     ("notifications.retry_max_ms", "Longest retry topic delay."),
     ("notifications.max_attempts", "Deliveries in all: the first plus one per retry topic."),
+    ("signing", "Keys that sign the events tally produces; every stage refuses a record they did not sign."),
+    (
+        "signing.keys_dir",
+        "Directory of <id>.key files (32+ bytes each, the same on every instance); empty: the embedded broker's key.",
+    ),
+    ("signing.key_id", "The key that signs (its file name less .key); empty: the only key of keys_dir."),
+    ("signing.accept_unsigned", "Also take records without a signature: only while upgrading from a release that did not sign."),
     ("log", "Logging to standard output."),
     ("log.format", "\"pretty\" or \"json\"."),
     ("log.level", "A tracing filter directive, e.g. \"info,tally=debug\"."),

@@ -33,6 +33,7 @@ mod pools;
 mod projection;
 mod retry;
 mod secrets;
+mod signing;
 mod telemetry;
 mod topics;
 
@@ -53,6 +54,7 @@ pub use projection::ProjectionConfig;
 use retry::validate_group;
 pub use retry::RetryConfig;
 pub use secrets::{ClientProperties, Secret, SecretUrl};
+pub use signing::SigningConfig;
 pub use telemetry::TelemetryConfig;
 pub use topics::TopicsConfig;
 
@@ -91,6 +93,7 @@ pub struct Config {
     pub projection: ProjectionConfig,
     pub orders: OrdersConfig,
     pub notifications: NotificationsConfig,
+    pub signing: SigningConfig,
     pub log: LogConfig,
     pub telemetry: TelemetryConfig,
 }
@@ -174,6 +177,7 @@ impl Config {
         self.pipelines.validate()?;
         crate::stages::validate(self)?;
         pools::validate(self)?;
+        self.signing.validate()?;
         self.log.validate()?;
         self.telemetry.validate()?;
         Ok(())

@@ -51,6 +51,7 @@ fn start(w: &Wiring<'_>) -> anyhow::Result<Running> {
         call_timeout: cfg.call_timeout,
         retry: cfg.retry.policy(),
         database: w.pool(STAGE.db_pool()),
+        keyring: w.keyring.clone(),
     };
     let rules = RiskRules {
         base: cfg.base_score,

@@ -60,6 +60,7 @@ fn start(w: &Wiring<'_>) -> anyhow::Result<Running> {
                 timeout: cfg.timeout,
                 delays_ms: delays.clone(),
                 database_wait: w.config.database.connect_timeout,
+                settled_topic: w.config.kafka.topics.transfers_settled.clone(),
             },
         )
         .context("cannot build the webhook client")?,

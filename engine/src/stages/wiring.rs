@@ -32,6 +32,8 @@ pub struct Wiring<'a> {
     /// Rung after each write, committed or not, on a pool for which
     /// [`super::rings_after_commit`] holds.
     pub outbox_commits: tally_actors::outbox::CommitBell,
+    /// Signs what the stages produce; what they consume must be signed with one of its keys.
+    pub keyring: tally_actors::signing::Keyring,
 }
 
 impl Wiring<'_> {
@@ -78,6 +80,7 @@ impl Wiring<'_> {
             drain_timeout,
             stall_after: c.stall_after.max(worst_case + ConsumerConfig::STALL_MARGIN),
             due_header: None,
+            keyring: self.keyring.clone(),
         }
     }
 

@@ -18,11 +18,11 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
-use tally_actors::ledger::plan::{verdict, Effects};
+use tally_actors::ledger::plan::{admits, decide, Effects};
 use tally_actors::ledger::{write_outcomes_and_events, LedgerTopics, SettleOutcome, SettleRequest};
 use tally_actors::store::accounts::{self, PostingColumns};
 use tally_actors::store::invariants::LedgerCheck;
-use tally_actors::store::{build_pool, transfers, PgPool, PoolSettings};
+use tally_actors::store::{build_pool, known, PgPool, PoolSettings};
 use tally_schema::events::TransferAnalyzed;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -93,13 +93,13 @@ impl ClassicConsumer {
         }
     }
 
-    /// Records handled so far (settled, rejected, duplicate or undecodable).
+    /// Records handled so far (settled, rejected, duplicate, or undecodable or refused).
     #[must_use]
     pub fn done(&self) -> u64 {
         self.outcomes().iter().sum()
     }
 
-    /// Settled, rejected, duplicate and undecodable records so far.
+    /// Settled, rejected, duplicate, and undecodable or refused records so far.
     #[must_use]
     pub fn outcomes(&self) -> [u64; 4] {
         let c = &self.counts;
@@ -255,6 +255,8 @@ impl Partition {
                     SettleOutcome::Settled => &self.counts.settled,
                     SettleOutcome::Rejected(_) => &self.counts.rejected,
                     SettleOutcome::Duplicate => &self.counts.duplicates,
+                    // What the system of record does not hold: poison, as undecodable is.
+                    SettleOutcome::Refused(_) => &self.counts.undecodable,
                 }
             }
         };
@@ -298,10 +300,15 @@ async fn settle_one(
             let mut pair = [t.source_account.clone(), t.destination_account.clone()];
             pair.sort_unstable();
             let locked = accounts::lock(conn, &pair).await?;
-            let known = transfers::load_known(conn, &[t.transfer_id]).await?;
+            let known = known::load_known(conn, &[t.transfer_id]).await?;
             let to_db = |e: serde_json::Error| diesel::result::Error::SerializationError(Box::new(e));
             let mut effects = Effects::default();
-            let outcome = match verdict(&known, &locked, t, topics.max_balance_cents) {
+            if let Err(refusal) = admits(known.get(&t.transfer_id), t) {
+                effects.released.push(t.transfer_id);
+                write_outcomes_and_events(conn, &effects).await?;
+                return Ok(SettleOutcome::Refused(refusal));
+            }
+            let outcome = match decide(&locked, t, topics.max_balance_cents) {
                 Err(reason) => {
                     effects.reject(topics, req, reason).map_err(to_db)?;
                     SettleOutcome::Rejected(reason)

@@ -53,7 +53,8 @@ impl ClassicRelay {
             .context("cannot create the relay's producer")?;
         let metrics = Metrics::new().context("cannot register metrics")?;
         let parked = Backoff::doubling(config.outbox.parked_retry_initial, config.outbox.parked_retry_max);
-        let relay = Arc::new(OutboxRelay::new(pool, producer, metrics, BATCH, parked));
+        let (_, keyring) = crate::bench::bench_keys()?;
+        let relay = Arc::new(OutboxRelay::new(pool, producer, metrics, BATCH, parked, keyring));
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             while !*stopped.borrow() {
