@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use serde_json::{json, Value};
-use tally_integration_tests::{
-    self as harness, json_body, metric_value, producer, spawn_app, wait_until, Deadline, TestApp,
-};
+use tally_integration_tests::{self as harness, json_body, metric_value, spawn_app, wait_until, Deadline, TestApp};
 use uuid::Uuid;
 
 const TOKEN: &str = "backpressure-token";
@@ -54,24 +52,16 @@ async fn a_partition_under_back_pressure_keeps_its_prefetch_within_its_bound() {
     })
     .await;
     admin_post(&app, "/admin/pipelines/orders/pause").await;
-    let producer = producer(env.bootstrap());
+    let upstream = env.upstream();
     let sends = (0..ORDERS).map(|i| {
-        let producer = producer.clone();
+        let upstream = &upstream;
         async move {
             let event = json!({
                 "eventId": Uuid::new_v4(), "orderId": Uuid::new_v4(), "externalReference": format!("BP-{i}"),
                 "customerId": "CUST-BP", "amountCents": 100, "currency": "BRL", "receivedAt": "2026-11-30T12:00:00Z",
             });
-            harness::produce_event(
-                &producer,
-                RECEIVED,
-                Some(P),
-                "one-key",
-                event.to_string().as_bytes(),
-                "OrderReceived",
-            )
-            .await
-            .1
+            upstream.db().record_order(&event).await;
+            upstream.signed(RECEIVED, Some(P), "one-key", event.to_string().as_bytes(), "OrderReceived").await.1
         }
     });
     let last = join_all(sends).await.into_iter().max().expect("offsets");

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tally_engine::config::RetryConfig;
 use tally_integration_tests::{
     self as harness, json_body, metric_value, producer, read_topic, spawn_app, wait_until, Deadline, KafkaRecord,
-    TestApp, TestDb,
+    TestApp, TestDb, Upstream,
 };
 use uuid::Uuid;
 
@@ -34,9 +34,10 @@ async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
     harness::wait_committed_past(bootstrap, GROUP, ANALYZED, partition, offset).await;
 }
 
-/// Produces to `transfers.analyzed` as an upstream stage would (event-id, event-type).
-async fn produce_analyzed(producer: &FutureProducer, key: &str, payload: &[u8]) -> (i32, i64) {
-    harness::produce_event(producer, ANALYZED, None, key, payload, "TransferAnalyzed").await
+/// Produces to `transfers.analyzed` as antifraud would (event-id, event-type, signed),
+/// recording nothing: the tests record the transfers they mean to settle.
+async fn produce_analyzed(upstream: &Upstream<'_>, key: &str, payload: &[u8]) -> (i32, i64) {
+    upstream.signed(ANALYZED, None, key, payload, "TransferAnalyzed").await
 }
 
 async fn accounts(db: &TestDb, rows: &[(&str, i64)]) {
@@ -106,13 +107,14 @@ fn error_code(body: &Value) -> &str {
 async fn dlt_listing_and_browsing_show_dead_lettered_records() {
     let (env, app) = spawn_app(|c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
     accounts(&env.db, &[("P-A", 10_000), ("P-B", 0)]).await;
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let (p, o1) = produce_analyzed(&producer, "P-A", b"{this is not json").await;
     let mut missing = analyzed(Uuid::new_v4(), "P-A", "P-B", 10);
     missing.as_object_mut().expect("object").remove("amountCents");
     let (_, o2) = produce_analyzed(&producer, "P-A", missing.to_string().as_bytes()).await;
     let (_, o3) = produce_analyzed(&producer, "P-A", &[0xff, 0xfe, 0x00]).await;
     let good = analyzed(Uuid::new_v4(), "P-A", "P-B", 2_500);
+    env.db.record_analyzed(&[&good]).await;
     let (p4, o4) = produce_analyzed(&producer, "P-A", good.to_string().as_bytes()).await;
     assert_eq!(p, p4, "one key, one partition");
     wait_committed_past(env.bootstrap(), p4, o4).await;
@@ -246,8 +248,9 @@ async fn exhausted_transfer_replays_and_settles_exactly_once() {
     let mut blocker = env.db.connect().await;
     let tx = blocker.transaction().await.expect("begin");
     tx.execute("SELECT 1 FROM accounts WHERE id = 'E-A' FOR UPDATE", &[]).await.expect("lock E-A");
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let event = analyzed(Uuid::new_v4(), "E-A", "E-B", 10);
+    env.db.record_analyzed(&[&event]).await;
     let (partition, offset) = produce_analyzed(&producer, "E-A", event.to_string().as_bytes()).await;
     wait_committed_past(env.bootstrap(), partition, offset).await;
     tx.rollback().await.expect("release E-A");
@@ -440,15 +443,13 @@ async fn replay_query(app: &TestApp, topic: &str, query: &str, body: Option<Valu
 async fn a_replay_dry_run_reports_newer_processed_records_per_key_and_produces_nothing() {
     let (env, app) = spawn_app(|c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
     accounts(&env.db, &[("DR-A", 10_000), ("DR-B", 10_000), ("DR-Z", 0)]).await;
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let (p, poison) = produce_analyzed(&producer, "DR-A", b"{not json").await;
     let on_p = |key: &'static str, amount: i64| {
-        let producer = producer.clone();
+        let producer = &producer;
         async move {
             let event = analyzed(Uuid::new_v4(), key, "DR-Z", amount);
-            harness::produce_event(&producer, ANALYZED, Some(p), key, event.to_string().as_bytes(), "TransferAnalyzed")
-                .await
-                .1
+            producer.analyzed(&event, Some(p)).await.1
         }
     };
     on_p("DR-A", 10).await;

@@ -14,9 +14,7 @@ use futures_util::future::join_all;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_actors::store::transfers::{create_transfers, finish_all, Created, Finish, Intake, TransferRequest};
-use tally_integration_tests::{
-    json_body, metric_value, produce, producer, run_only, spawn_app, wait_until, Deadline, TestDb,
-};
+use tally_integration_tests::{json_body, metric_value, run_only, spawn_app, wait_until, Deadline, TestDb};
 use uuid::Uuid;
 
 /// Outbox rows whose payload names a transfer that exists.
@@ -208,9 +206,9 @@ async fn keys_hold_across_concurrent_batches() {
     assert_eq!((joined, env.db.count("outbox_events").await), (6, 6), "one outbox row per transfer, naming it");
 }
 
-/// A poison status move (a rejection reason PostgreSQL cannot store) in a batch with good
-/// ones: the batch is written again in halves, the good moves land, and only the poison
-/// record is dead-lettered.
+/// A poison status move (one the ledger recorded, which a CHECK the test adds refuses) in a
+/// batch with good ones: the batch is written again in halves, the good moves land, and
+/// only the poison record is dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_move_fails_alone_and_the_rest_of_its_batch_lands() {
     let (env, app) = spawn_app(|c| run_only(c, &["projection"])).await;
@@ -224,15 +222,21 @@ async fn a_poison_move_fails_alone_and_the_rest_of_its_batch_lands() {
             )
             .await;
     }
+    let poison = ids[15];
+    env.db.batch("ALTER TABLE transfers ADD CONSTRAINT test_unstorable CHECK (rejection_reason <> 'UNSTORABLE')").await;
+    let reason = |id: &Uuid| if *id == poison { "UNSTORABLE" } else { "INSUFFICIENT_FUNDS" };
+    for id in &ids {
+        env.db.record_rejected(*id, "acc-a", reason(id)).await;
+    }
     // Hold the projection's statements until every record is in, so they batch.
     let holder = env.db.connect().await;
     holder.batch_execute("BEGIN; LOCK TABLE transfers IN SHARE MODE").await.expect("lock transfers");
-    let producer = producer(env.bootstrap());
-    let poison = ids[15];
+    let upstream = env.upstream();
     for id in &ids {
-        let reason = if *id == poison { "NUL\u{0}BYTE" } else { "INSUFFICIENT_FUNDS" };
-        let event = json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": reason, "rejectedAt": "2026-11-30T00:00:00Z" });
-        produce(&producer, "transfers.rejected", None, &id.to_string(), event.to_string().as_bytes(), &[]).await;
+        let event = json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": reason(id), "rejectedAt": "2026-11-30T00:00:00Z" });
+        upstream
+            .signed("transfers.rejected", None, &id.to_string(), event.to_string().as_bytes(), "TransferRejected")
+            .await;
     }
     env.db.wait_lock_waiters(1, "the projection's writers wait on the lock").await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use actix::Actor;
 use futures_util::future::{join_all, BoxFuture};
-use rdkafka::producer::FutureProducer;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_actors::ledger::{
@@ -24,8 +23,8 @@ use tally_actors::store::accounts::claim_inbox;
 use tally_actors::supervise::ErrorClass;
 use tally_engine::config::RetryConfig;
 use tally_integration_tests::{
-    self as harness, json_body, metric_value, producer, read_topic, spawn_app, wait_until, Deadline, TestApp, TestDb,
-    TestEnv,
+    self as harness, json_body, metric_value, read_topic, spawn_app, wait_until, Deadline, TestApp, TestDb, TestEnv,
+    Upstream,
 };
 use tally_schema::events::TransferAnalyzed;
 use uuid::Uuid;
@@ -42,18 +41,32 @@ fn analyzed(transfer_id: Uuid, from: &str, to: &str, amount: i64, currency: &str
     })
 }
 
-/// Produces `payload` keyed by `key` to `transfers.analyzed` as antifraud would.
-async fn produce_raw(producer: &FutureProducer, key: &str, payload: &[u8]) -> (i32, i64) {
-    harness::produce_event(producer, ANALYZED, None, key, payload, "TransferAnalyzed").await
+/// Produces `payload` keyed by `key` to `transfers.analyzed`, signed as antifraud signs,
+/// recording nothing.
+async fn produce_raw(upstream: &Upstream<'_>, key: &str, payload: &[u8]) -> (i32, i64) {
+    upstream.signed(ANALYZED, None, key, payload, "TransferAnalyzed").await
 }
 
 async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
     harness::wait_committed_past(bootstrap, GROUP, ANALYZED, partition, offset).await;
 }
 
-async fn produce(producer: &FutureProducer, event: &Value) -> (i32, i64) {
-    let key = event["sourceAccount"].as_str().expect("sourceAccount").to_owned();
-    produce_raw(producer, &key, event.to_string().as_bytes()).await
+/// Produces `event` as antifraud would: the intake's transfer and antifraud's decision
+/// recorded, the record signed.
+async fn produce(upstream: &Upstream<'_>, event: &Value) -> (i32, i64) {
+    upstream.analyzed(event, None).await
+}
+
+/// Produces every event of `events` as [`produce`] does, recording them in one go first.
+async fn produce_all(upstream: &Upstream<'_>, events: &[Value]) {
+    upstream.db().record_analyzed(&events.iter().collect::<Vec<_>>()).await;
+    let records: Vec<(String, String)> = events
+        .iter()
+        .map(|e| (e["sourceAccount"].as_str().expect("sourceAccount").to_owned(), e.to_string()))
+        .collect();
+    for chunk in records.chunks(500) {
+        join_all(chunk.iter().map(|(key, payload)| produce_raw(upstream, key, payload.as_bytes()))).await;
+    }
 }
 
 async fn accounts(db: &TestDb, rows: &[(&str, i64, &str)]) {
@@ -99,7 +112,7 @@ async fn ledger_check(app: &TestApp) -> Value {
 async fn same_transfer_delivered_twice_debits_once() {
     let (env, app) = spawn_app(|_| {}).await;
     accounts(&env.db, &[("CC-001", 100_000, "BRL"), ("CC-002", 0, "BRL")]).await;
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let event = analyzed(Uuid::new_v4(), "CC-001", "CC-002", 30_000, "BRL");
     produce(&producer, &event).await;
     let (partition, offset) = produce(&producer, &event).await;
@@ -137,7 +150,7 @@ async fn crossing_transfer_storms_neither_deadlock_nor_lose_money() {
     for (a, b) in pairs {
         accounts(&env.db, &[(a, 50_000, "BRL"), (b, 50_000, "BRL")]).await;
     }
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let mut sends = Vec::new();
     for i in 0..200_i64 {
         for (a, b) in pairs {
@@ -146,7 +159,7 @@ async fn crossing_transfer_storms_neither_deadlock_nor_lose_money() {
         }
     }
     let total = sends.len() as i64;
-    futures_util::future::join_all(sends.iter().map(|e| produce(&producer, e))).await;
+    produce_all(&producer, &sends).await;
     wait_processed(&env.db, total).await;
     let sum = env.db.scalar_i64("SELECT sum(balance_cents)::bigint FROM accounts", &[]).await;
     assert_eq!(sum, 300_000, "money conserved");
@@ -162,7 +175,7 @@ async fn crossing_transfer_storms_neither_deadlock_nor_lose_money() {
 async fn rejections_commit_a_result_an_event_and_the_offset() {
     let (env, app) = spawn_app(|_| {}).await;
     accounts(&env.db, &[("R-A", 1_000, "BRL"), ("R-B", 0, "BRL"), ("R-USD", 0, "USD")]).await;
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let cases = [
         (analyzed(Uuid::new_v4(), "R-A", "R-B", 1_001, "BRL"), "INSUFFICIENT_FUNDS"),
         (analyzed(Uuid::new_v4(), "R-A", "R-NOPE", 10, "BRL"), "ACCOUNT_NOT_FOUND"),
@@ -198,11 +211,11 @@ async fn rejections_commit_a_result_an_event_and_the_offset() {
 async fn poison_records_are_dead_lettered_and_later_records_processed() {
     let (env, app) = spawn_app(|_| {}).await;
     accounts(&env.db, &[("P-A", 10_000, "BRL"), ("P-B", 0, "BRL")]).await;
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let (p1, o1) = produce_raw(&producer, "P-A", b"{this is not json").await;
     let mut missing = analyzed(Uuid::new_v4(), "P-A", "P-B", 10, "BRL");
     missing.as_object_mut().expect("object").remove("amountCents");
-    produce(&producer, &missing).await;
+    produce_raw(&producer, "P-A", missing.to_string().as_bytes()).await;
     let good = analyzed(Uuid::new_v4(), "P-A", "P-B", 2_500, "BRL");
     let (p3, o3) = produce(&producer, &good).await;
     assert_eq!(p1, p3, "same key, same partition");
@@ -254,7 +267,7 @@ async fn transient_failures_retry_the_key_in_order_while_other_keys_flow() {
     let tx = blocker.transaction().await.expect("begin");
     tx.execute("SELECT 1 FROM accounts WHERE id = 'T-A' FOR UPDATE", &[]).await.expect("lock T-A");
 
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     // In order, T1 takes all of T-A's money, so T2 must be rejected; reordered, T2 would settle.
     let t1 = analyzed(Uuid::new_v4(), "T-A", "T-B", 100, "BRL");
     let t2 = analyzed(Uuid::new_v4(), "T-A", "T-C", 60, "BRL");
@@ -306,7 +319,7 @@ async fn exhausted_retries_dead_letter_with_the_attempt_count() {
     let mut blocker = env.db.connect().await;
     let tx = blocker.transaction().await.expect("begin");
     tx.execute("SELECT 1 FROM accounts WHERE id = 'E-A' FOR UPDATE", &[]).await.expect("lock E-A");
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let (partition, offset) = produce(&producer, &analyzed(Uuid::new_v4(), "E-A", "E-B", 10, "BRL")).await;
     wait_committed_past(env.bootstrap(), partition, offset).await;
     tx.rollback().await.expect("release");
@@ -328,7 +341,7 @@ async fn produce_stream(env: &TestEnv, n: usize, accounts_n: usize) -> Vec<Uuid>
         let id = format!("S-{i:03}");
         accounts(&env.db, &[(&id, 1_000_000, "BRL")]).await;
     }
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let mut ids = Vec::with_capacity(n);
     let mut sends = Vec::with_capacity(n);
     for i in 0..n {
@@ -339,9 +352,7 @@ async fn produce_stream(env: &TestEnv, n: usize, accounts_n: usize) -> Vec<Uuid>
         let to = if to == from { format!("S-{:03}", (i + 1) % accounts_n) } else { to };
         sends.push(analyzed(id, &from, &to, 1 + (i as i64 % 1_000), "BRL"));
     }
-    for chunk in sends.chunks(500) {
-        futures_util::future::join_all(chunk.iter().map(|e| produce(&producer, e))).await;
-    }
+    produce_all(&producer, &sends).await;
     ids
 }
 
@@ -444,6 +455,12 @@ fn settle_request(from: &str, to: &str, amount: i64) -> SettleRequest {
     SettleRequest { transfer, traceparent: None }
 }
 
+/// Records what the intake and antifraud hold of `requests`, so that the ledger acts on them.
+async fn record(db: &TestDb, requests: &[SettleRequest]) {
+    let events: Vec<Value> = requests.iter().map(|r| serde_json::to_value(&r.transfer).expect("json")).collect();
+    db.record_analyzed(&events.iter().collect::<Vec<_>>()).await;
+}
+
 /// A batch that fails for a reason no one transfer of it caused (here a lock wait past the
 /// lock timeout on an account row another connection holds) fails whole, once: each
 /// transfer gets the transient error back (its record's policy retries it) and the batch
@@ -471,6 +488,7 @@ async fn a_batch_that_times_out_fails_whole_and_is_not_split() {
     let batcher = SettlementBatcher::new(pool, topics, metrics, Arc::new(settler), 1, Duration::from_millis(1)).start();
     let mut requests = vec![settle_request("H-A", "H-B", 10), settle_request("H-A", "H-B", 20)];
     requests.extend((0..7).map(|i| settle_request(&format!("F-{i}"), "H-B", 30)));
+    record(&db, &requests).await;
 
     let send_all = |requests: &[SettleRequest]| join_all(requests.iter().map(|r| batcher.send(Settle(r.clone()))));
     let results: Vec<Result<SettleOutcome, SettleError>> =
@@ -609,6 +627,7 @@ async fn batches_that_run_at_once_share_no_account() {
             settle_request(&ids[group + k % 3], &ids[group + (k + 1) % 3], 1 + (n % 7) as i64)
         })
         .collect();
+    record(&db, &requests).await;
     let all = join_all(requests.iter().map(|r| batcher.send(Settle(r.clone()))));
     let results = tokio::time::timeout(Duration::from_secs(60), all).await.expect("every request answered");
     for (i, result) in results.into_iter().enumerate() {

@@ -14,6 +14,7 @@ mod deploy;
 mod dlt_admin;
 mod docs;
 mod flow;
+mod forged;
 mod group_commit;
 mod https;
 mod intake;

@@ -1,6 +1,6 @@
 //! The money path's guarantees: a transfer's antifraud decision is made once and stands,
-//! the ledger settles a transfer the intake knows only while it is PENDING and matches,
-//! money arithmetic cannot overflow, and database errors are classified by cause.
+//! money arithmetic cannot overflow, and database errors are classified by cause. (What
+//! the stages refuse to act on, forged and stray events, is `forged.rs`.)
 //!
 //! Broker: the embedded broker (librdkafka's mock cluster, in this process). It stores no
 //! offsets sent in a transaction, so the antifraud stage re-reads `transfers.requested`
@@ -10,9 +10,9 @@
 
 use serde_json::json;
 use tally_integration_tests::{
-    assert_error, assert_ledger_ok, balance_of, create_account, final_state, post_transfer, postings_of, produce,
-    producer, read_topic, spawn_app, spawn_app_under, under_both_protocols, wait_until, Deadline, GroupProtocol,
-    KafkaRecord, TestDb, TestEnv,
+    assert_error, assert_ledger_ok, balance_of, create_account, final_state, post_transfer, postings_of, read_topic,
+    spawn_app, spawn_app_under, under_both_protocols, wait_until, Deadline, GroupProtocol, KafkaRecord, TestDb,
+    TestEnv,
 };
 use uuid::Uuid;
 
@@ -151,12 +151,11 @@ async fn the_velocity_window_survives_a_restart(protocol: GroupProtocol) {
     assert_ledger_ok(&app).await;
 }
 
-fn analyzed(id: Uuid, from: &str, to: &str, amount: i64) -> Vec<u8> {
-    serde_json::to_vec(&json!({
+fn analyzed(id: Uuid, from: &str, to: &str, amount: i64) -> serde_json::Value {
+    json!({
         "eventId": Uuid::new_v4(), "transferId": id, "sourceAccount": from, "destinationAccount": to,
         "amountCents": amount, "currency": "BRL", "score": 5, "analyzedAt": "2026-01-01T00:00:00Z"
-    }))
-    .expect("json")
+    })
 }
 
 async fn processed(db: &TestDb, id: Uuid) -> (String, Option<String>) {
@@ -170,51 +169,6 @@ async fn processed(db: &TestDb, id: Uuid) -> (String, Option<String>) {
         rows.first().map(|r| (r.get::<_, String>(0), r.get::<_, Option<String>>(1))).ok_or_else(|| "not yet".to_owned())
     })
     .await
-}
-
-/// A `TransferAnalyzed` that disagrees with the intake's row, or arrives for a transfer
-/// that is no longer PENDING, is a business rejection with its own reason, never a
-/// posting. One the intake never saw settles on the event alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ledger_settles_a_known_transfer_only_while_pending_and_matching() {
-    let (env, app) = spawn_app(|c| c.pipelines.set("antifraud", false)).await;
-    create_account(&app, "K-A", 1_000_000, "BRL").await;
-    create_account(&app, "K-B", 0, "BRL").await;
-    // Without antifraud these stay PENDING until the ledger hears of them.
-    let pending = post_transfer(&app, "K-A", "K-B", 500).await;
-    let not_pending = post_transfer(&app, "K-A", "K-B", 600).await;
-    env.db
-        .execute(
-            "UPDATE transfers SET status = 'REJECTED', rejection_reason = 'BLOCKED_BY_ANTIFRAUD' WHERE id = $1",
-            &[&not_pending],
-        )
-        .await;
-    let unknown = Uuid::new_v4();
-    // Blocked by antifraud, its rejection not projected (or the intake never saw it).
-    let blocked = Uuid::new_v4();
-    env.db
-        .execute(
-            "INSERT INTO antifraud_decisions (transfer_id, source_account, destination_account, amount_cents, \
-             currency, outcome, score, reason, requested_at) \
-             VALUES ($1, 'K-A', 'K-B', 800, 'BRL', 'BLOCKED', 95, 'BLOCKED_BY_ANTIFRAUD', now())",
-            &[&blocked],
-        )
-        .await;
-    let p = producer(env.bootstrap());
-    for (id, amount) in [(pending, 5_000), (not_pending, 600), (unknown, 700), (blocked, 800)] {
-        produce(&p, "transfers.analyzed", None, "K-A", &analyzed(id, "K-A", "K-B", amount), &[]).await;
-    }
-    assert_eq!(processed(&env.db, blocked).await, ("REJECTED".into(), Some("BLOCKED_BY_ANTIFRAUD".into())));
-    assert_eq!(processed(&env.db, pending).await, ("REJECTED".into(), Some("TRANSFER_MISMATCH".into())));
-    assert_eq!(processed(&env.db, not_pending).await, ("REJECTED".into(), Some("TRANSFER_NOT_PENDING".into())));
-    assert_eq!(processed(&env.db, unknown).await, ("SETTLED".into(), None));
-    assert_eq!(postings_of(&env.db, pending).await, 0);
-    assert_eq!(postings_of(&env.db, not_pending).await, 0);
-    assert_eq!(postings_of(&env.db, blocked).await, 0);
-    let v = final_state(&app, pending).await;
-    assert_eq!((v["status"].as_str(), v["rejectionReason"].as_str()), (Some("REJECTED"), Some("TRANSFER_MISMATCH")));
-    assert_eq!(balance_of(&app, "K-B").await, 700, "only the transfer the intake never saw moved money");
-    assert_ledger_ok(&app).await;
 }
 
 /// Balances and amounts have a ceiling: intake refuses past it, and a credit that would
@@ -262,22 +216,25 @@ async fn database_errors_are_classified_by_cause() {
     env.db.batch("ALTER TABLE postings ADD CONSTRAINT test_no_13_cents CHECK (amount_cents <> 13)").await;
     create_account(&app, "C-A", 1_000_000, "BRL").await;
     create_account(&app, "C-B", 0, "BRL").await;
-    let p = producer(env.bootstrap());
+    let p = env.upstream();
     let ids: Vec<Uuid> = (10..=16).map(|_| Uuid::new_v4()).collect();
     for (id, amount) in ids.iter().zip(10..=16) {
-        produce(&p, "transfers.analyzed", Some(0), "C-A", &analyzed(*id, "C-A", "C-B", amount), &[]).await;
+        p.analyzed(&analyzed(*id, "C-A", "C-B", amount), Some(0)).await;
     }
     let long_trace = format!("00-{}-{}-01-and-more", "a".repeat(32), "b".repeat(16));
-    let traced = Uuid::new_v4();
-    produce(
-        &p,
+    let traced = analyzed(Uuid::new_v4(), "C-A", "C-B", 20);
+    let traced_id: Uuid = serde_json::from_value(traced["transferId"].clone()).expect("id");
+    p.db().record_analyzed(&[&traced]).await;
+    p.signed_with(
         "transfers.analyzed",
         Some(0),
         "C-A",
-        &analyzed(traced, "C-A", "C-B", 20),
+        traced.to_string().as_bytes(),
+        "TransferAnalyzed",
         &[("traceparent", &long_trace)],
     )
     .await;
+    let traced = traced_id;
 
     let dlt = wait_until("the 13-cent transfer in the DLT", Deadline::DEFAULT, || async {
         let records = read_topic(env.bootstrap(), "transfers.analyzed-dlt", Deadline::secs(5))
@@ -332,13 +289,13 @@ async fn poison_requests_do_not_stop_antifraud(protocol: GroupProtocol) {
     let decided = post_transfer(&app, "Z-A", "Z-B", 100).await;
     assert_eq!(final_state(&app, decided).await["status"], "SETTLED");
 
-    let p = producer(env.bootstrap());
+    let p = env.upstream();
     let huge = vec![b'x'; 999_900];
-    let (partition, offset) = produce(&p, "transfers.requested", None, "Z-A", &huge, &[]).await;
+    let (partition, offset) = p.signed("transfers.requested", None, "Z-A", &huge, "TransferRequested").await;
     let ancient = requested(Uuid::new_v4(), "Z-A", "Z-B", 100, "-5000-01-01T00:00:00Z");
-    produce(&p, "transfers.requested", None, "Z-A", &ancient, &[]).await;
+    p.signed("transfers.requested", None, "Z-A", &ancient, "TransferRequested").await;
     let conflicting = requested(decided, "Z-A", "Z-B", 900_000, "2026-11-30T00:00:00Z");
-    produce(&p, "transfers.requested", None, "Z-A", &conflicting, &[]).await;
+    p.signed("transfers.requested", None, "Z-A", &conflicting, "TransferRequested").await;
 
     let id = post_transfer(&app, "Z-A", "Z-B", 200).await;
     assert_eq!(final_state(&app, id).await["status"], "SETTLED", "the stage goes on after the poison");

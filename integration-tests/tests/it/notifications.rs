@@ -7,9 +7,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rdkafka::config::ClientConfig;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_integration_tests::{
@@ -29,28 +26,20 @@ fn notify_config(url: &str) -> impl FnOnce(&mut tally_engine::Config) + '_ {
     }
 }
 
-fn producer(bootstrap: &str) -> FutureProducer {
-    ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("producer")
+/// Produces a TransferSettled for a new transfer keyed `key`, which the ledger is recorded
+/// to have settled; returns (event, offset).
+async fn settled(env: &TestEnv, key: &str) -> (Value, i64) {
+    let event = json!({ "eventId": Uuid::new_v4(), "transferId": Uuid::new_v4(), "settledAt": "2026-11-30T00:00:00Z" });
+    let offset = settled_event(env, key, &event).await;
+    (event, offset)
 }
 
-/// Produces a TransferSettled for a new transfer keyed `key`; returns (event, offset).
-async fn settled(producer: &FutureProducer, key: &str) -> (Value, i64) {
-    let event = json!({ "eventId": Uuid::new_v4(), "transferId": Uuid::new_v4(), "settledAt": "2026-11-30T00:00:00Z" });
-    let payload = event.to_string();
-    let id = event["eventId"].as_str().expect("id").to_owned();
-    let headers = OwnedHeaders::new()
-        .insert(Header { key: "event-id", value: Some(id.as_bytes()) })
-        .insert(Header { key: "event-type", value: Some("TransferSettled".as_bytes()) });
-    let offset = producer
-        .send(
-            FutureRecord::to("transfers.settled").key(key).payload(&payload).headers(headers),
-            Duration::from_secs(10),
-        )
-        .await
-        .map(|d| d.offset)
-        .map_err(|(e, _)| e)
-        .expect("produce TransferSettled");
-    (event, offset)
+/// Records the settlement of `event`'s transfer and produces `event`, signed, keyed `key`;
+/// returns its offset.
+async fn settled_event(env: &TestEnv, key: &str, event: &Value) -> i64 {
+    let id: Uuid = serde_json::from_value(event["transferId"].clone()).expect("transferId");
+    env.db.record_settled(id, key, &format!("{key}-DEST"), 1).await;
+    env.upstream().signed("transfers.settled", None, key, event.to_string().as_bytes(), "TransferSettled").await.1
 }
 
 fn event_id(call: &ReceivedCall) -> &str {
@@ -72,7 +61,7 @@ fn assert_signed(call: &ReceivedCall) {
 async fn a_receiver_failing_twice_gets_the_event_once_on_attempt_three() {
     let receiver = WebhookReceiver::start(|_, n| if n < 2 { 500 } else { 200 }).await;
     let (env, app) = spawn_app(notify_config(&receiver.url)).await;
-    let (event, offset) = settled(&producer(env.bootstrap()), "N-A").await;
+    let (event, offset) = settled(&env, "N-A").await;
     let id = event["eventId"].as_str().expect("id").to_owned();
     wait_until("delivered", Deadline::DEFAULT, || async {
         let calls = receiver.calls();
@@ -120,7 +109,7 @@ async fn a_receiver_failing_twice_gets_the_event_once_on_attempt_three() {
 async fn a_receiver_that_always_fails_leads_to_the_dlt_after_four_attempts() {
     let receiver = WebhookReceiver::start(|_, _| 503).await;
     let (env, app) = spawn_app(notify_config(&receiver.url)).await;
-    let (event, offset) = settled(&producer(env.bootstrap()), "N-B").await;
+    let (event, offset) = settled(&env, "N-B").await;
     let dlt = wait_until("dead-lettered", Deadline::DEFAULT, || async {
         let r =
             read_topic(env.bootstrap(), "transfers.settled-dlt", Deadline::secs(5)).await.map_err(|e| e.to_string())?;
@@ -154,17 +143,11 @@ async fn one_failing_event_does_not_delay_the_others() {
         WebhookReceiver::start(move |body, _| if String::from_utf8_lossy(body).contains(&marker) { 500 } else { 200 })
             .await;
     let (env, _app) = spawn_app(notify_config(&receiver.url)).await;
-    let producer = producer(env.bootstrap());
     // The failing event first, then others with the same key (so the same partition).
     let bad = json!({ "eventId": failing, "transferId": Uuid::new_v4(), "settledAt": "2026-11-30T00:00:00Z" });
-    let payload = bad.to_string();
-    producer
-        .send(FutureRecord::to("transfers.settled").key("SAME").payload(&payload), Duration::from_secs(10))
-        .await
-        .map_err(|(e, _)| e)
-        .expect("produce");
+    settled_event(&env, "SAME", &bad).await;
     for _ in 0..5 {
-        settled(&producer, "SAME").await;
+        settled(&env, "SAME").await;
     }
     wait_until("the failing event's second attempt", Deadline::DEFAULT, || async {
         let n = receiver.calls().iter().filter(|c| event_id(c) == failing).count();
@@ -221,7 +204,7 @@ async fn a_webhook_url_with_credentials_is_called_with_them() {
     let url = format!("http://hook-user:hook-pa55word@{authority}/hook?token=hook-t0ken&x=1");
     let (env, app) = spawn_app(notify_config(&url)).await;
     assert!(!app.config.to_redacted_toml().contains("hook-pa55word"), "the configuration shows the password");
-    let (event, _) = settled(&producer(env.bootstrap()), "N-CRED").await;
+    let (event, _) = settled(&env, "N-CRED").await;
     let calls = first_calls(&receiver, "the notification").await;
     assert_eq!(event_id(&calls[0]), event["eventId"].as_str().expect("id"));
     assert_eq!(calls[0].request, "POST /hook?token=hook-t0ken&x=1", "the path and query as configured");
@@ -264,16 +247,11 @@ async fn pause_stops_progress_and_lag_grows_then_resume_drains(protocol: GroupPr
     let res = admin_post(&app, "/admin/pipelines/ledger/pause", Some(TOKEN)).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(ledger_status(&app).await["paused"], true);
-    let producer = producer(env.bootstrap());
+    let upstream = env.upstream();
     for _ in 0..20 {
         let event = json!({ "eventId": Uuid::new_v4(), "transferId": Uuid::new_v4(), "sourceAccount": "PZ-A",
             "destinationAccount": "PZ-B", "amountCents": 10, "currency": "BRL", "score": 1, "analyzedAt": "2026-11-30T00:00:00Z" });
-        let payload = event.to_string();
-        producer
-            .send(FutureRecord::to("transfers.analyzed").key("PZ-A").payload(&payload), Duration::from_secs(10))
-            .await
-            .map_err(|(e, _)| e)
-            .expect("produce");
+        upstream.analyzed(&event, None).await;
     }
     wait_until("lag grows while paused", Deadline::DEFAULT, || async {
         let s = ledger_status(&app).await;
@@ -371,10 +349,9 @@ async fn after_the_receiver_is_fixed_replay_delivers_dead_lettered_events_exactl
         c.notifications.retry_max = std::time::Duration::from_millis(400);
     })
     .await;
-    let producer = producer(env.bootstrap());
     let mut ids = Vec::new();
     for key in ["R-1", "R-2"] {
-        ids.push(settled(&producer, key).await.0["eventId"].as_str().expect("id").to_owned());
+        ids.push(settled(&env, key).await.0["eventId"].as_str().expect("id").to_owned());
     }
     wait_until("both events dead-lettered", Deadline::DEFAULT, || async {
         let r =
@@ -429,9 +406,14 @@ async fn after_the_receiver_is_fixed_replay_delivers_dead_lettered_events_exactl
 }
 
 /// A TransferSettled record of `transfers.settled`, as the notifier gets it from its
-/// consumer.
-fn settled_record(offset: i64) -> std::sync::Arc<tally_actors::consume::Record> {
-    let event = json!({ "eventId": Uuid::new_v4(), "transferId": Uuid::new_v4(), "settledAt": "2026-11-30T00:00:00Z" });
+/// consumer, for a transfer the ledger is recorded in `db` to have settled.
+async fn settled_record(
+    db: &tally_integration_tests::TestDb,
+    offset: i64,
+) -> std::sync::Arc<tally_actors::consume::Record> {
+    let transfer = Uuid::new_v4();
+    db.record_settled(transfer, "N-LEASE", "N-LEASE-DEST", 1).await;
+    let event = json!({ "eventId": Uuid::new_v4(), "transferId": transfer, "settledAt": "2026-11-30T00:00:00Z" });
     std::sync::Arc::new(tally_actors::consume::Record {
         topic: "transfers.settled".into(),
         partition: 0,
@@ -464,6 +446,7 @@ fn start_notifier(db: &tally_integration_tests::TestDb, bootstrap: &str, url: &s
         timeout: Duration::from_secs(5),
         delays_ms: vec![1_000],
         database_wait: Duration::from_secs(5),
+        settled_topic: "transfers.settled".into(),
     };
     tally_actors::notify::Notifier::new(pool, producer, dead_letters, metrics, settings).expect("notifier")
 }
@@ -488,7 +471,7 @@ fn a_revoked_lease_prevents_the_webhook_post_and_the_retry_write() {
         let locker = env.db.connect().await;
         locker.batch_execute("BEGIN; LOCK TABLE notification_deliveries IN ACCESS EXCLUSIVE MODE").await.expect("lock");
         let lease = Lease::new();
-        let handling = tokio::spawn(lease.clone().scope(notifier.handle(settled_record(0))));
+        let handling = tokio::spawn(lease.clone().scope(notifier.handle(settled_record(&env.db, 0).await)));
         wait_until("the delivery lookup waits on the lock", Deadline::DEFAULT, || async {
             let waiting = env
                 .db
@@ -521,7 +504,7 @@ fn a_revoked_lease_prevents_the_webhook_post_and_the_retry_write() {
         })
         .await;
         let notifier = start_notifier(&env.db, env.bootstrap(), &receiver.url);
-        let outcome = lease.scope(notifier.handle(settled_record(1))).await;
+        let outcome = lease.scope(notifier.handle(settled_record(&env.db, 1).await)).await;
         assert_eq!(receiver.calls().len(), 1, "the POST was made under the live lease: {outcome:?}");
         let written = read_topic(env.bootstrap(), RETRY, Deadline::secs(10)).await.expect("read the retry topic");
         assert!(written.is_empty(), "a retry record was written after the lease was revoked: {outcome:?}");
@@ -531,8 +514,9 @@ fn a_revoked_lease_prevents_the_webhook_post_and_the_retry_write() {
 }
 
 /// A transfer antifraud blocked has its outcome published once. A `TransferAnalyzed` for it
-/// that reaches the ledger anyway (a replay, a forged record) is refused there without a
-/// second outcome event, so the client is told "rejected" once, under one event id.
+/// that reaches the ledger anyway (a forged record, signed with the daemon's key) is
+/// refused there as poison, without a second outcome event, so the client is told
+/// "rejected" once, under one event id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_refused_again_by_the_ledger_is_notified_once() {
     let receiver = WebhookReceiver::start(|_, _| 200).await;
@@ -567,24 +551,17 @@ async fn a_transfer_refused_again_by_the_ledger_is_notified_once() {
         "eventId": Uuid::new_v4(), "transferId": id, "sourceAccount": "W-R1", "destinationAccount": "W-R2",
         "amountCents": 10_000_000, "currency": "BRL", "score": 10, "analyzedAt": "2026-11-30T00:00:00Z",
     });
-    tally_integration_tests::produce(
-        &producer(env.bootstrap()),
-        "transfers.analyzed",
-        None,
-        "W-R1",
-        event.to_string().as_bytes(),
-        &[("event-type", "TransferAnalyzed")],
-    )
-    .await;
-    wait_until("the ledger refused it", Deadline::DEFAULT, || async {
-        let n = env.db.scalar_i64("SELECT count(*) FROM processed_transfers WHERE transfer_id = $1", &[&id]).await;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(format!("{n} inbox rows"))
-        }
+    env.upstream().signed("transfers.analyzed", None, "W-R1", event.to_string().as_bytes(), "TransferAnalyzed").await;
+    let refused = wait_until("the ledger refused it", Deadline::DEFAULT, || async {
+        let dlt = read_topic(env.bootstrap(), "transfers.analyzed-dlt", Deadline::secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        dlt.into_iter().find(|r| r.payload_json()["transferId"] == json!(id)).ok_or_else(|| "not yet".to_owned())
     })
     .await;
+    let reason = refused.header("dlt-exception-message").unwrap_or_default();
+    assert!(reason.contains("contradicts"), "{reason}");
+    assert_eq!(env.db.scalar_i64("SELECT count(*) FROM processed_transfers WHERE transfer_id = $1", &[&id]).await, 0);
     env.db.wait_outbox_published().await;
     let rejected = read_topic(env.bootstrap(), "transfers.rejected", Deadline::secs(10)).await.expect("read");
     let outcomes: Vec<_> = rejected.iter().filter(|r| r.payload_json()["transferId"] == json!(id)).collect();
@@ -612,7 +589,7 @@ async fn webhooks_go_over_https_to_receivers_the_roots_trust() {
             c.notifications.webhook_root_cert = path_str(&ca.cert_path());
         })
         .await;
-    let (event, _) = settled(&producer(env.bootstrap()), "H-A").await;
+    let (event, _) = settled(&env, "H-A").await;
     let calls = first_calls(&receiver, "delivered over https").await;
     assert_eq!(serde_json::from_slice::<Value>(&calls[0].body).expect("json"), event);
     assert_signed(&calls[0]);
@@ -626,7 +603,7 @@ async fn webhooks_go_over_https_to_receivers_the_roots_trust() {
             c.notifications.max_attempts = 1;
         })
         .await;
-    let (event, _) = settled(&producer(untrusted.bootstrap()), "H-B").await;
+    let (event, _) = settled(&untrusted, "H-B").await;
     let dlt = wait_until("dead-lettered", Deadline::DEFAULT, || async {
         let r = read_topic(untrusted.bootstrap(), "transfers.settled-dlt", Deadline::secs(5))
             .await

@@ -8,15 +8,14 @@
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use rdkafka::producer::FutureProducer;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tally_actors::orders::{materialize, Materialized};
 use tally_engine::config::RetryConfig;
 use tally_engine::Config;
 use tally_integration_tests::{
-    self as harness, assert_error, json_body, metric_value, producer, read_topic, spawn_app, wait_for_records,
-    wait_until, Deadline, TestDb, TestEnv,
+    self as harness, assert_error, json_body, metric_value, read_topic, spawn_app, wait_for_records, wait_until,
+    Deadline, TestDb, TestEnv, Upstream,
 };
 use tally_schema::events::OrderReceived;
 use uuid::Uuid;
@@ -42,9 +41,10 @@ fn order_id(event: &Value) -> Uuid {
     serde_json::from_value(event["orderId"].clone()).expect("orderId is a UUID")
 }
 
-/// Produces `payload` keyed by `key` to `orders.received`, on `partition` when given.
-async fn produce_raw(producer: &FutureProducer, key: &str, payload: &[u8], partition: Option<i32>) -> (i32, i64) {
-    harness::produce_event(producer, RECEIVED, partition, key, payload, "OrderReceived").await
+/// Produces `payload` keyed by `key` to `orders.received`, on `partition` when given,
+/// signed as the outbox publisher signs, recording nothing.
+async fn produce_raw(upstream: &Upstream<'_>, key: &str, payload: &[u8], partition: Option<i32>) -> (i32, i64) {
+    upstream.signed(RECEIVED, partition, key, payload, "OrderReceived").await
 }
 
 /// The orders group's committed offset of `partition` (-1 when nothing is committed).
@@ -60,9 +60,11 @@ async fn wait_committed_past(bootstrap: &str, partition: i32, offset: i64) {
 }
 
 /// Produces an `OrderReceived` keyed by its order id (the record contract).
-async fn produce(producer: &FutureProducer, event: &Value, partition: Option<i32>) -> (i32, i64) {
+/// Produces `event` as the intake's outbox would: its order recorded, the record signed.
+async fn produce(upstream: &Upstream<'_>, event: &Value, partition: Option<i32>) -> (i32, i64) {
+    upstream.db().record_order(event).await;
     let key = order_id(event).to_string();
-    produce_raw(producer, &key, event.to_string().as_bytes(), partition).await
+    produce_raw(upstream, &key, event.to_string().as_bytes(), partition).await
 }
 
 async fn received_rows(db: &TestDb, order: Uuid) -> i64 {
@@ -119,7 +121,7 @@ async fn assert_counts(db: &TestDb, orders: i64, outbox: i64, case: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_order_delivered_twice_and_after_commit_is_materialized_once() {
     let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let event = order_received(Uuid::new_v4(), "EXT-DUP-1");
     let id = order_id(&event);
     let (p1, _) = produce(&producer, &event, None).await;
@@ -225,7 +227,7 @@ async fn failed_materialization_is_not_acknowledged_and_is_redelivered_to_one_ro
         c.consumer.drain_timeout = std::time::Duration::from_millis(1_000);
     };
     let first = env.spawn(configure).await;
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     const P: i32 = 0;
     let e1 = order_received(Uuid::new_v4(), "EXT-F1");
     let (_, o1) = produce(&producer, &e1, Some(P)).await;
@@ -297,7 +299,7 @@ async fn exhausted_retries_dead_letter_the_order_and_write_nothing() {
     let mut blocker = env.db.connect().await;
     let tx = blocker.transaction().await.expect("begin");
     tx.batch_execute("LOCK TABLE received_orders IN ACCESS EXCLUSIVE MODE").await.expect("lock received_orders");
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     let event = order_received(Uuid::new_v4(), "EXT-X");
     let (partition, offset) = produce(&producer, &event, None).await;
     wait_committed_past(env.bootstrap(), partition, offset).await;
@@ -320,7 +322,7 @@ async fn exhausted_retries_dead_letter_the_order_and_write_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_records_are_dead_lettered_and_later_records_processed() {
     let (env, app) = spawn_app(|c| c.pipelines.set("outbox", false)).await;
-    let producer = producer(env.bootstrap());
+    let producer = env.upstream();
     const P: i32 = 3;
     let key = Uuid::new_v4().to_string();
     let (_, o1) = produce_raw(&producer, &key, b"{this is not json", Some(P)).await;
@@ -329,7 +331,7 @@ async fn poison_records_are_dead_lettered_and_later_records_processed() {
     let (_, o2) = produce_raw(&producer, &key, missing.to_string().as_bytes(), Some(P)).await;
     let mut invalid = order_received(Uuid::new_v4(), "EXT-P3");
     invalid["amountCents"] = json!(0);
-    produce(&producer, &invalid, Some(P)).await;
+    produce_raw(&producer, &key, invalid.to_string().as_bytes(), Some(P)).await;
     let good = order_received(Uuid::new_v4(), "EXT-P4");
     let (_, o4) = produce(&producer, &good, Some(P)).await;
     wait_committed_past(env.bootstrap(), P, o4).await;

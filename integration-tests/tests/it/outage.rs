@@ -281,20 +281,12 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
     .await;
 
     proxy.cut();
-    let producer = tally_integration_tests::producer(env.bootstrap());
+    let upstream = env.upstream();
     let mut ids = Vec::new();
     for i in 0..40 {
         let from = &sources[i % sources.len()];
         let (id, event) = analyzed(from, "R-SINK", 10 + i as i64);
-        tally_integration_tests::produce_event(
-            &producer,
-            "transfers.analyzed",
-            None,
-            from,
-            event.to_string().as_bytes(),
-            "TransferAnalyzed",
-        )
-        .await;
+        upstream.analyzed(&event, None).await;
         ids.push(id);
     }
     wait_degraded(&first, true).await;

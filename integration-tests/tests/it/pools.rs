@@ -10,9 +10,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tally_integration_tests::{
-    self as harness, json_body, metric_value, producer, run_only, spawn_app, wait_until, Deadline, TestDb,
-};
+use tally_integration_tests::{json_body, metric_value, run_only, spawn_app, wait_until, Deadline, TestDb};
 use uuid::Uuid;
 
 /// Connections of the ledger's pool, and settlement transactions at once.
@@ -76,12 +74,10 @@ async fn a_stage_holding_every_connection_of_its_pool_starves_no_other_stage() {
         .expect("lock the source accounts");
     assert_eq!(locked.len(), LEDGER_POOL);
 
-    let producer = producer(env.bootstrap());
+    let upstream = env.upstream();
     for (i, source) in sources.iter().enumerate() {
         let event = analyzed(Uuid::new_v4(), source, &format!("POOL-D{i}"), 100);
-        let payload = event.to_string();
-        harness::produce_event(&producer, "transfers.analyzed", None, source, payload.as_bytes(), "TransferAnalyzed")
-            .await;
+        upstream.analyzed(&event, None).await;
     }
     wait_until("every connection of the ledger's pool waits on a locked account", Deadline::DEFAULT, || async {
         match waiting_on_locks(&env.db).await {

@@ -53,9 +53,7 @@ async fn a_record_too_large_for_its_dlt_goes_to_the_dead_letters_table_and_its_p
     let (_, o1) = harness::produce(&producer, ANALYZED, Some(P), "S-A", &huge, &[("h", "1")]).await;
     let later = Uuid::new_v4();
     let event = analyzed(later, "S-A", "S-B", 250);
-    let (_, o2) =
-        harness::produce_event(&producer, ANALYZED, Some(P), "S-A", event.to_string().as_bytes(), "TransferAnalyzed")
-            .await;
+    let (_, o2) = env.upstream().analyzed(&event, Some(P)).await;
 
     harness::wait_committed_past(env.bootstrap(), LEDGER, ANALYZED, P, o2).await;
     assert_eq!(processed(&env.db, later).await, 1, "the later record of the same key settled");
@@ -160,13 +158,13 @@ async fn one_stuck_key_holds_back_at_most_the_uncommitted_window() {
     .await
     .expect("hold the stuck order's row");
 
-    let producer = producer(env.bootstrap());
+    let upstream = env.upstream();
     let produce = |event: Value| {
-        let producer = producer.clone();
+        let upstream = &upstream;
         async move {
+            upstream.db().record_order(&event).await;
             let key = event["orderId"].as_str().expect("orderId").to_owned();
-            harness::produce_event(&producer, RECEIVED, Some(P), &key, event.to_string().as_bytes(), "OrderReceived")
-                .await
+            upstream.signed(RECEIVED, Some(P), &key, event.to_string().as_bytes(), "OrderReceived").await
         }
     };
     produce(stuck).await;

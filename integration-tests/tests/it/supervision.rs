@@ -45,7 +45,9 @@ async fn hostile_records_on_every_consumed_topic_are_dead_lettered_and_every_sta
     .await;
     let topics = consumed_topics(&env.config());
     let hostile = hostile_records();
-    let records: Vec<_> = hostile.iter().map(|(_, r)| r.clone()).collect();
+    // Signed as tally signs, so that each reaches the stage's own decoding.
+    let keyring = env.keyring();
+    let records: Vec<_> = hostile.iter().map(|(_, r)| r.signed(&keyring)).collect();
     for (topic, _) in &topics {
         for partition in 0..2 {
             produce_raw(env.bootstrap(), topic, partition, &records);

@@ -389,17 +389,12 @@ async fn blocked_transfers_and_poison_records_show_in_traces() {
     // Poison in the antifraud stage, without a traceparent: a root span of its own.
     let p = tally_integration_tests::producer(env.bootstrap());
     tally_integration_tests::produce(&p, "transfers.requested", None, "T-POISON-1", b"{not json", &[]).await;
-    // Poison for the ledger, in a trace: its ledger.settle hop fails, in that trace.
+    // Poison for the ledger (signed, so that it reaches the stage), in a trace: its
+    // ledger.settle hop fails, in that trace.
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    tally_integration_tests::produce(
-        &p,
-        "transfers.analyzed",
-        None,
-        "T-POISON-2",
-        b"{not json",
-        &[("event-type", "TransferAnalyzed"), ("traceparent", tp)],
-    )
-    .await;
+    env.upstream()
+        .signed_with("transfers.analyzed", None, "T-POISON-2", b"{not json", "TransferAnalyzed", &[("traceparent", tp)])
+        .await;
     let poison = wait_spans(
         &collector,
         "the spans of both poison records",

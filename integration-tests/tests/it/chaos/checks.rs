@@ -61,7 +61,7 @@ pub(super) async fn check(env: &TestEnv, daemon: &Daemon, history: &History, pla
     let postings = db.query("SELECT transfer_id, account_id::text, kind::text, amount_cents FROM postings", &[]).await;
     let postings: Vec<(Uuid, String, String, i64)> =
         postings.iter().map(|p| (p.get(0), p.get(1), p.get(2), p.get(3))).collect();
-    let outcomes = outcome_events(env).await;
+    let outcomes = outcome_events(env, history).await;
 
     // First: it waits until every group has consumed everything, poison included.
     let offsets = offsets::at_the_end(env).await;
@@ -79,6 +79,7 @@ pub(super) async fn check(env: &TestEnv, daemon: &Daemon, history: &History, pla
     let stored_decisions: HashMap<Uuid, String> = stored_decisions.iter().map(|r| (r.get(0), r.get(1))).collect();
     checks.push(outcomes_agree(&stored, &stored_decisions, &outcomes));
     checks.push(dead_letters(env, history).await);
+    checks.push(forged(env, history).await);
     checks.push(orders(env, history).await);
     checks.push(super::notified::notifications(env, history, &stored_statuses(&stored), &outcomes).await);
     checks.push(super::order::publish_order(env, history).await);
@@ -204,10 +205,15 @@ fn money(accounts: Vec<tokio_postgres::Row>, postings: &[(Uuid, String, String, 
 /// Every copy's payload is kept: copies of one event must agree byte for byte.
 pub(super) type Outcomes = HashMap<String, HashMap<(String, String), Vec<Vec<u8>>>>;
 
-async fn outcome_events(env: &TestEnv) -> Outcomes {
+async fn outcome_events(env: &TestEnv, history: &History) -> Outcomes {
+    // What the harness forged is no outcome of tally's.
+    let injected: std::collections::HashSet<&[u8]> = history.poison.iter().map(|i| i.marker.as_bytes()).collect();
     let mut out: Outcomes = HashMap::new();
     for topic in ["transfers.settled", "transfers.rejected"] {
         for r in read_topic(env.bootstrap(), topic, Deadline::secs(30)).await.expect("read an outcome topic") {
+            if injected.contains(r.payload.as_deref().unwrap_or_default()) {
+                continue;
+            }
             let v = json_of(&r);
             let (Some(id), Some(event)) = (v["transferId"].as_str(), v["eventId"].as_str()) else { continue };
             let copies = out.entry(id.to_owned()).or_default().entry((topic.to_owned(), event.to_owned())).or_default();
@@ -303,6 +309,31 @@ async fn dead_letters(env: &TestEnv, history: &History) -> Check {
         format!("dead-lettered by {g} without being poison: {}", p.chars().take(120).collect::<String>())
     }));
     Check { name: "every poison record dead-lettered, and nothing else", checked: history.poison.len(), violations }
+}
+
+/// No forged event moved money or changed a status: nothing exists of a transfer or an
+/// order that only a forgery named (no row, decision, settlement or posting), and no
+/// transfer carries a forged rejection's reason.
+async fn forged(env: &TestEnv, history: &History) -> Check {
+    let db = &env.db;
+    let mut violations = Vec::new();
+    for f in &history.forged {
+        let traces = if f.what == super::inject::FORGED_REASON {
+            db.scalar_i64("SELECT count(*) FROM transfers WHERE rejection_reason = $1", &[&f.what]).await
+        } else if f.topic == "orders.received" {
+            db.scalar_i64("SELECT count(*) FROM received_orders WHERE order_id::text = $1", &[&f.id]).await
+        } else {
+            db.scalar_i64(
+                "SELECT (SELECT count(*) FROM transfers WHERE id::text = $1)                       + (SELECT count(*) FROM antifraud_decisions WHERE transfer_id::text = $1)                       + (SELECT count(*) FROM processed_transfers WHERE transfer_id::text = $1)                       + (SELECT count(*) FROM postings WHERE transfer_id::text = $1)",
+                &[&f.id],
+            )
+            .await
+        };
+        if traces > 0 {
+            violations.push(format!("forged {} ({}) on {}: {traces} rows", f.id, f.what, f.topic));
+        }
+    }
+    Check { name: "no forged event moved money or changed a status", checked: history.forged.len(), violations }
 }
 
 /// Orders: one per external reference however often it was sent (clients repeat some on

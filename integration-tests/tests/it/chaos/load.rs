@@ -54,6 +54,8 @@ pub(super) struct History {
     /// Why the system was not quiet in time after the faults, if it was not.
     pub not_quiet: Option<String>,
     pub duplicates: usize,
+    /// Every forged event produced (each is also in `poison`).
+    pub forged: Vec<Forged>,
     /// Every webhook call the receiver got.
     pub deliveries: Vec<ReceivedCall>,
 }
@@ -63,6 +65,14 @@ pub(super) struct History {
 pub(super) struct Injected {
     pub topic: String,
     pub marker: String,
+}
+
+/// A forged event: its topic, the transfer or order id it names, and what it claims.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(super) struct Forged {
+    pub topic: String,
+    pub id: String,
+    pub what: String,
 }
 
 /// The run's logical clock and the load's state, shared by clients and faults.

@@ -53,6 +53,7 @@ pub(super) async fn every_check_can_fail(env: &TestEnv, daemon: &Daemon, mut his
         ("at most one antifraud decision per transfer", format!("transfer {settled}: decisions")),
         ("status, stored decision and outcome event agree", format!("transfer {settled} SETTLED")),
         ("every poison record dead-lettered, and nothing else", "without being poison: not poison".into()),
+        ("no forged event moved money or changed a status", format!("({})", super::inject::FORGED_REASON)),
         ("every accepted order received exactly once", format!("order {order} ")),
         ("every final transfer notified once, signed, as published", "bad signature on".into()),
         ("per key, requests published in the order clients saw them", "published after".into()),
@@ -77,6 +78,14 @@ pub(super) async fn every_check_can_fail(env: &TestEnv, daemon: &Daemon, mut his
                          "rejectedAt": "2026-11-30T00:00:00Z" });
     tally_integration_tests::produce(&producer, "transfers.rejected", None, "C-0", second.to_string().as_bytes(), &[])
         .await;
+    // Forged events: a transfer takes a forged rejection's reason.
+    db.execute("UPDATE transfers SET rejection_reason = $2 WHERE id = $1", &[&keyed, &super::inject::FORGED_REASON])
+        .await;
+    history.forged.push(super::load::Forged {
+        topic: "transfers.rejected".into(),
+        id: keyed.to_string(),
+        what: super::inject::FORGED_REASON.into(),
+    });
     // Dead letters: one that is no poison, and a poison record that never got there.
     tally_integration_tests::produce(&producer, "transfers.requested-dlt", None, "C-0", b"not poison", &[]).await;
     let lost = "a poison record that never reached a DLT".to_owned();
