@@ -13,6 +13,7 @@
 //! root.
 
 pub mod antifraud;
+pub mod authority;
 pub mod backoff;
 pub mod consume;
 pub mod counted;

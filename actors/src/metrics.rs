@@ -103,6 +103,9 @@ metrics! {
     outbox_commit_to_ack_seconds: Histogram = "Time from an outbox row's creation to the broker's acknowledgement of its record.", buckets LATENCY_BUCKETS;
     outbox_deleted_total: IntCounter = "Published outbox rows deleted after the retention period.";
     http_requests_total: IntCounterVec = "HTTP requests served, by route and status.", labels ["route", "status"];
+    http_auth_failures_total: IntCounterVec = "Presented client or admin credentials that named no one, by listener.", labels ["listener"];
+    http_auth_refused_total: IntCounterVec = "Requests refused unread while their address waits after failed authentication, by listener.", labels ["listener"];
+    http_connections_refused_total: IntCounterVec = "Connections closed at once: their address held http.max_connections_per_address, by listener.", labels ["listener"];
     http_request_seconds: HistogramVec = "HTTP request latency, by route.", labels ["route"], buckets LATENCY_BUCKETS;
     records_total: IntCounterVec = "Records completed, by pipeline and outcome (e.g. settled, rejected, duplicate, dead_lettered).", labels ["pipeline", "outcome"];
     retries_total: IntCounterVec = "Blocking retries after transient errors, by pipeline.", labels ["pipeline"];

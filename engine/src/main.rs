@@ -45,7 +45,13 @@ enum Command {
     /// and run until SIGINT or SIGTERM.
     Run,
     /// Create the database if missing and apply pending migrations, then exit.
-    Migrate,
+    Migrate {
+        /// Also apply the contract steps (migrations-contract/): what a rolling upgrade
+        /// must keep until every instance runs this release, dropped. Run it once no
+        /// instance of an older release is left.
+        #[arg(long)]
+        contract: bool,
+    },
     /// Manage Kafka topics.
     Topics {
         #[command(subcommand)]
@@ -135,7 +141,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run => run(config),
-        Command::Migrate => migrate(&config),
+        Command::Migrate { contract } => migrate(&config, contract),
         Command::Topics { action: TopicsCommand::Create } => topics_create(&config),
         Command::Topics { action: TopicsCommand::List } => topics_list(&config),
         Command::Broker { listen } => run_broker(&config, listen),
@@ -251,8 +257,9 @@ fn run(config: Config) -> anyhow::Result<()> {
     }
 }
 
-fn migrate(config: &Config) -> anyhow::Result<()> {
-    let applied = migrate::prepare_blocking(&config.database.connect_url())?;
+fn migrate(config: &Config, contract: bool) -> anyhow::Result<()> {
+    let url = config.database.connect_url();
+    let applied = if contract { migrate::contract_blocking(&url)? } else { migrate::prepare_blocking(&url)? };
     if applied.is_empty() {
         println!("Database is up to date.");
     } else {

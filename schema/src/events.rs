@@ -50,6 +50,10 @@ pub struct TransferRequested {
     pub amount_cents: i64,
     pub currency: String,
     pub requested_at: DateTime<Utc>,
+    /// The API client that asked for it (absent for an anonymous request, and in events of
+    /// a release before clients were named in events).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +67,9 @@ pub struct TransferAnalyzed {
     pub currency: String,
     pub score: i32,
     pub analyzed_at: DateTime<Utc>,
+    /// The API client that asked for it, from its `TransferRequested`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -29,16 +29,31 @@ pub struct Transfer {
     /// The API client that created it; empty when the intake does not authenticate.
     /// Its `Idempotency-Key` is unique per client.
     pub client: String,
+    /// `transfer` (between two customer accounts) or `issuance` ([`transfer_kind`]).
+    pub kind: String,
 }
 
+/// `transfers.kind` values.
+pub mod transfer_kind {
+    /// Between two customer accounts, through antifraud and the ledger.
+    pub const TRANSFER: &str = "transfer";
+    /// From the issuance account of its currency, settled at once.
+    pub const ISSUANCE: &str = "issuance";
+}
+
+/// An account. (`accounts.opening_balance_cents`, which a release before issuance wrote,
+/// is left out: opening balances are issuance postings, and the contract step drops it.)
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, Insertable)]
 #[diesel(table_name = accounts, check_for_backend(diesel::pg::Pg))]
 pub struct Account {
     pub id: String,
     pub balance_cents: i64,
     pub currency: String,
-    pub opening_balance_cents: i64,
     pub created_at: DateTime<Utc>,
+    /// The API client that opened it; empty for the anonymous scope.
+    pub owner: String,
+    /// `customer` or `issuance`.
+    pub kind: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]

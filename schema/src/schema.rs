@@ -9,6 +9,10 @@ diesel::table! {
         currency -> Bpchar,
         opening_balance_cents -> Int8,
         created_at -> Timestamptz,
+        #[max_length = 64]
+        owner -> Varchar,
+        #[max_length = 10]
+        kind -> Varchar,
     }
 }
 
@@ -190,6 +194,8 @@ diesel::table! {
         updated_at -> Timestamptz,
         #[max_length = 64]
         client -> Varchar,
+        #[max_length = 10]
+        kind -> Varchar,
     }
 }
 

@@ -67,6 +67,7 @@ mod tests {
             amount_cents: amount,
             currency: "BRL".into(),
             requested_at: DateTime::from_timestamp(at, 0).unwrap_or_default(),
+            client: None,
         }
     }
 

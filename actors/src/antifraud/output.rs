@@ -94,6 +94,7 @@ pub(super) fn decided(t: &TransferRequested, d: &Decision, spec: &AntifraudSpec,
             currency: t.currency.clone(),
             score: d.score,
             analyzed_at: d.decided_at,
+            client: t.client.clone(),
         };
         (&spec.analyzed, id, EventType::TransferAnalyzed, serde_json::to_vec(&event), "analyzed")
     };

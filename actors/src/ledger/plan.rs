@@ -289,6 +289,7 @@ mod tests {
             currency: currency.into(),
             score: 10,
             analyzed_at: Utc::now(),
+            client: None,
         }
     }
 

@@ -16,8 +16,10 @@ use uuid::Uuid;
 
 use super::{unit, Sent};
 
-///
-/// Creates an account; `None` when the id is taken.
+/// Opens customer account `id` of `owner`; `None` when the id is taken. A positive
+/// `balance_cents` is issued to it in the same statement, with postings, from the issuance
+/// account of its currency (the `accounts_issued` trigger, `tally_issue`), as an issuance
+/// transfer of `owner`: the caller has checked that `owner` may issue.
 ///
 /// # Errors
 /// When the database fails.
@@ -26,13 +28,15 @@ pub async fn create_account(
     id: &str,
     currency: &str,
     balance_cents: i64,
+    owner: &str,
 ) -> Result<Option<Account>, diesel::result::Error> {
     let row = Account {
         id: id.to_owned(),
         balance_cents,
         currency: currency.to_owned(),
-        opening_balance_cents: balance_cents,
         created_at: Utc::now(),
+        owner: owner.to_owned(),
+        kind: crate::authority::CUSTOMER.to_owned(),
     };
     diesel::insert_into(accounts::table)
         .values(&row)
@@ -42,6 +46,39 @@ pub async fn create_account(
         .get_result(conn)
         .await
         .optional()
+}
+
+#[derive(QueryableByName)]
+struct AccountRow {
+    #[diesel(sql_type = Text)]
+    id: String,
+    #[diesel(sql_type = Text)]
+    owner: String,
+    #[diesel(sql_type = Text)]
+    kind: String,
+}
+
+/// The owner and kind of each account of `ids` that exists, by id (for
+/// [`crate::authority`]; neither ever changes).
+///
+/// # Errors
+/// When the database fails.
+pub async fn refs(
+    conn: &mut AsyncPgConnection,
+    ids: &[&str],
+) -> Result<HashMap<String, (String, String)>, diesel::result::Error> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    Ok(diesel::sql_query(
+        "SELECT id::text AS id, owner::text AS owner, kind::text AS kind FROM accounts WHERE id = ANY($1)",
+    )
+    .bind::<Array<Text>, _>(ids)
+    .load::<AccountRow>(conn)
+    .await?
+    .into_iter()
+    .map(|r| (r.id, (r.owner, r.kind)))
+    .collect())
 }
 
 /// # Errors

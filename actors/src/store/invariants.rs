@@ -31,13 +31,22 @@ struct Count {
     n: i64,
 }
 
-/// Sums as decimal text: PostgreSQL sums BIGINT as numeric, which may pass i64.
+/// The sum of a currency's balances, as decimal text: PostgreSQL sums BIGINT as numeric,
+/// which may pass i64.
 #[derive(QueryableByName)]
-struct Totals {
+struct Total {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    currency: String,
     #[diesel(sql_type = diesel::sql_types::Text)]
     balance: String,
+    /// What was issued in it (minus the issuance account's balance).
     #[diesel(sql_type = diesel::sql_types::Text)]
-    opening: String,
+    issued: String,
+}
+
+/// `{currency: field}` of every total.
+fn by_currency(totals: &[Total], field: impl Fn(&Total) -> &String) -> serde_json::Value {
+    totals.iter().map(|t| (t.currency.clone(), serde_json::Value::String(field(t).clone()))).collect()
 }
 
 async fn count(conn: &mut AsyncPgConnection, sql: &str) -> Result<i64, diesel::result::Error> {
@@ -90,18 +99,35 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
         .read_only()
         .run(|conn| {
             async move {
-                let totals: Totals = diesel::sql_query(
-                    "SELECT COALESCE(sum(balance_cents), 0)::text AS balance, \
-                            COALESCE(sum(opening_balance_cents), 0)::text AS opening FROM accounts",
+                // Every balance of a currency, issuance accounts included, sums to zero:
+                // money enters only as an issuance posting.
+                let totals: Vec<Total> = diesel::sql_query(
+                    "SELECT currency::text AS currency, sum(balance_cents)::text AS balance, \
+                            (-COALESCE(sum(balance_cents) FILTER (WHERE kind = 'issuance'), 0))::text AS issued \
+                     FROM accounts GROUP BY currency ORDER BY currency",
                 )
-                .get_result(conn)
+                .load(conn)
                 .await?;
                 let unbalanced_accounts = count(
                     conn,
                     "SELECT count(*) AS n FROM accounts a LEFT JOIN ( \
                        SELECT account_id, sum(CASE kind WHEN 'C' THEN amount_cents ELSE -amount_cents END) AS delta \
                        FROM postings GROUP BY account_id) p ON p.account_id = a.id \
-                     WHERE a.balance_cents <> a.opening_balance_cents + COALESCE(p.delta, 0)",
+                     WHERE a.balance_cents <> COALESCE(p.delta, 0)",
+                )
+                .await?;
+                // Every posting has a known origin: a transfer the intake took that
+                // antifraud analyzed, or an issuance from its currency's issuance account.
+                let without_provenance = count(
+                    conn,
+                    "SELECT count(DISTINCT p.transfer_id) AS n FROM postings p \
+                     LEFT JOIN transfers t ON t.id = p.transfer_id \
+                     LEFT JOIN antifraud_decisions d ON d.transfer_id = p.transfer_id \
+                     WHERE t.id IS NULL \
+                        OR (t.kind = 'transfer' AND (d.outcome IS DISTINCT FROM 'ANALYZED' \
+                            OR t.source_account LIKE 'issuance:%' OR t.destination_account LIKE 'issuance:%')) \
+                        OR (t.kind = 'issuance' AND (t.source_account <> 'issuance:' || t.currency \
+                            OR t.destination_account LIKE 'issuance:%'))",
                 )
                 .await?;
                 let bad_settled = count(
@@ -132,9 +158,11 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
                 let invariants = vec![
                     InvariantResult {
                         name: INVARIANTS[0],
-                        ok: totals.balance.parse::<i128>().ok() == totals.opening.parse::<i128>().ok()
-                            && totals.balance.parse::<i128>().is_ok(),
-                        detail: serde_json::json!({ "totalBalanceCents": totals.balance, "totalOpeningCents": totals.opening }),
+                        ok: totals.iter().all(|t| t.balance == "0"),
+                        detail: serde_json::json!({
+                            "balanceCents": by_currency(&totals, |t| &t.balance),
+                            "issuedCents": by_currency(&totals, |t| &t.issued),
+                        }),
                     },
                     InvariantResult {
                         name: INVARIANTS[1],
@@ -171,6 +199,11 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
                         ok: blocked_with_postings == 0,
                         detail: serde_json::json!({ "violations": blocked_with_postings }),
                     },
+                    InvariantResult {
+                        name: INVARIANTS[7],
+                        ok: without_provenance == 0,
+                        detail: serde_json::json!({ "violations": without_provenance }),
+                    },
                 ];
                 Ok(LedgerCheck { ok: invariants.iter().all(|i| i.ok), invariants })
             }
@@ -180,7 +213,7 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
 }
 
 /// The name of every invariant a check measures, as `tally_ledger_invariant_ok` labels it.
-pub const INVARIANTS: [&str; 7] = [
+pub const INVARIANTS: [&str; 8] = [
     "money_conserved",
     "balances_match_postings",
     "settled_have_one_debit_and_one_credit",
@@ -188,6 +221,7 @@ pub const INVARIANTS: [&str; 7] = [
     "no_unfinished_settlements",
     "status_agrees_with_postings",
     "blocked_transfers_have_no_postings",
+    "postings_have_provenance",
 ];
 
 /// Publishes a check as `tally_ledger_invariant_ok{invariant}` gauges.

@@ -14,6 +14,11 @@ use super::connect::PgConnector;
 
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../migrations");
 
+/// The contract steps of migrations that expand first (`migrations-contract/`): applied by
+/// `tally migrate --contract` only, once no instance of an older release runs, because
+/// they drop what an older release still writes.
+pub const CONTRACT: EmbeddedMigrations = embed_migrations!("../migrations-contract");
+
 /// Advisory lock key held while migrating, so that two daemons starting together do not
 /// apply the same migration twice.
 const MIGRATION_LOCK: i64 = 0x7461_6c6c_795f_6d67; // "tally_mg"
@@ -23,8 +28,12 @@ const MIGRATION_LOCK: i64 = 0x7461_6c6c_795f_6d67; // "tally_mg"
 /// # Errors
 /// When the embedded migrations cannot be listed (a build defect).
 pub fn embedded_versions() -> anyhow::Result<Vec<String>> {
+    versions(&MIGRATIONS)
+}
+
+fn versions(source: &EmbeddedMigrations) -> anyhow::Result<Vec<String>> {
     let migrations =
-        MigrationSource::<Pg>::migrations(&MIGRATIONS).map_err(|e| anyhow!("cannot list embedded migrations: {e}"))?;
+        MigrationSource::<Pg>::migrations(source).map_err(|e| anyhow!("cannot list embedded migrations: {e}"))?;
     Ok(migrations.iter().map(|m| m.name().version().to_string()).collect())
 }
 
@@ -35,6 +44,18 @@ pub fn embedded_versions() -> anyhow::Result<Vec<String>> {
 /// # Errors
 /// When PostgreSQL is unreachable, the database cannot be created, or a migration fails.
 pub fn prepare_blocking(url: &str) -> anyhow::Result<Vec<String>> {
+    migrate_blocking(url, false)
+}
+
+/// [`prepare_blocking`], then the contract steps ([`CONTRACT`]).
+///
+/// # Errors
+/// As [`prepare_blocking`].
+pub fn contract_blocking(url: &str) -> anyhow::Result<Vec<String>> {
+    migrate_blocking(url, true)
+}
+
+fn migrate_blocking(url: &str, contract: bool) -> anyhow::Result<Vec<String>> {
     let url = url.to_owned();
     std::thread::spawn(move || -> anyhow::Result<Vec<String>> {
         // One worker, so that the connection's driver task runs while the synchronous
@@ -49,7 +70,7 @@ pub fn prepare_blocking(url: &str) -> anyhow::Result<Vec<String>> {
         let conn =
             runtime.block_on(connector.establish()).with_context(|| format!("cannot connect to {}", redact(&url)))?;
         let _entered = runtime.enter();
-        run_migrations(AsyncConnectionWrapper::from(conn), &url)
+        run_migrations(AsyncConnectionWrapper::from(conn), &url, contract)
     })
     .join()
     .map_err(|_| anyhow!("the migration thread panicked"))?
@@ -87,16 +108,24 @@ pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_migrations(mut conn: AsyncConnectionWrapper<AsyncPgConnection>, url: &str) -> anyhow::Result<Vec<String>> {
+fn run_migrations(
+    mut conn: AsyncConnectionWrapper<AsyncPgConnection>,
+    url: &str,
+    contract: bool,
+) -> anyhow::Result<Vec<String>> {
     use diesel::connection::SimpleConnection;
     // The harness creates its table IF NOT EXISTS on every start: no NOTICE about it.
     conn.batch_execute("SET client_min_messages TO warning").context("cannot set client_min_messages")?;
     conn.batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK})"))
         .context("cannot take the migration lock")?;
     let applied = refuse_unknown(&mut conn, url).and_then(|()| {
-        conn.run_pending_migrations(MIGRATIONS)
-            .map(|versions| versions.iter().map(ToString::to_string).collect::<Vec<String>>())
-            .map_err(|e| anyhow!("migration failed: {e}"))
+        let failed = |e| anyhow!("migration failed: {e}");
+        let mut applied: Vec<String> =
+            conn.run_pending_migrations(MIGRATIONS).map_err(failed)?.iter().map(ToString::to_string).collect();
+        if contract {
+            applied.extend(conn.run_pending_migrations(CONTRACT).map_err(failed)?.iter().map(ToString::to_string));
+        }
+        Ok(applied)
     });
     let unlock = conn.batch_execute(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK})"));
     let applied = applied?;
@@ -111,7 +140,8 @@ fn run_migrations(mut conn: AsyncConnectionWrapper<AsyncPgConnection>, url: &str
 /// embed: a newer release migrated it, and this one would run against a schema it does
 /// not know. Migrations are forward-only; the way back is that release (or a restore).
 fn refuse_unknown(conn: &mut AsyncConnectionWrapper<AsyncPgConnection>, url: &str) -> anyhow::Result<()> {
-    let known = embedded_versions()?;
+    let mut known = embedded_versions()?;
+    known.extend(versions(&CONTRACT)?);
     let applied = conn.applied_migrations().map_err(|e| anyhow!("cannot read the applied migrations: {e}"))?;
     let mut unknown: Vec<String> = applied.iter().map(ToString::to_string).filter(|v| !known.contains(v)).collect();
     if unknown.is_empty() {

@@ -9,6 +9,7 @@
 //! | `known.rs` | `transfers`, `antifraud_decisions`, read-only: what the ledger and antifraud check an event against |
 //! | `transfer_list.rs` | `transfers`, read-only: the console's list, by account and status |
 //! | `accounts.rs` | `accounts`, `postings`, `processed_transfers` (the ledger's inbox) |
+//! | `issuance.rs` | `transfers`, `accounts`, `postings`, `processed_transfers`: money entering the ledger (top-ups) |
 //! | `outbox.rs` | `outbox_events`: insert, claim, mark published, delete, backlog |
 //! | `outbox_parked.rs` | `outbox_events`: rows the broker refused (parked) and the rows behind them (held) |
 //! | `orders.rs` | `orders`, `received_orders` |
@@ -38,6 +39,7 @@ pub mod group_commit;
 pub mod heartbeats;
 pub mod idempotency;
 pub mod invariants;
+pub mod issuance;
 pub mod known;
 pub mod lookup;
 pub mod migrate;

@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use super::idempotency;
 use super::outbox::{self, OutboxColumns};
+use crate::authority::{AccountRef, Principal, Scopes};
 
 /// A validated transfer request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +47,17 @@ pub enum Created {
     Replayed(Transfer),
     /// The idempotency key was seen with a different request: nothing was written.
     KeyConflict,
+    /// The client may not move money this way ([`crate::authority`]): nothing was written.
+    Refused(Refusal),
+}
+
+/// Why the intake refuses a transfer request before writing anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The source account is not the client's (or does not exist: the same answer).
+    Debit(String),
+    /// The destination is an issuance account, which moves only by issuance.
+    Credit(String),
 }
 
 /// Kind of a `TransferRequested` event id: derived from the transfer id like every other
@@ -66,9 +78,19 @@ pub struct Intake {
     pub traceparent: Option<String>,
 }
 
+impl Intake {
+    /// Who debits the source account, for [`crate::authority`].
+    fn debitor(&self) -> Principal {
+        Principal { name: self.client.clone(), scopes: Scopes::default(), adopts_anonymous: self.adopts_anonymous }
+    }
+}
+
 /// Inserts the transfers (PENDING) of `batch` and their `TransferRequested` outbox rows in
 /// one transaction, honouring each request's idempotency key; answers one [`Created`] per
 /// request, in order. Either every request's outcome is committed or none is.
+///
+/// A request whose client may not debit its source account (or whose destination is an
+/// issuance account) is [`Created::Refused`] before anything else, whatever its key.
 ///
 /// An idempotency key is scoped to its client: requests of two clients never meet. Requests
 /// of one batch that share a client and key are answered as if they had come one after the
@@ -89,94 +111,145 @@ pub async fn create_transfers(
     }
     conn.transaction(|conn| {
         async move {
-            let now = Utc::now();
-            let rows: Vec<Transfer> = batch.iter().map(|intake| new_row(intake, now)).collect();
-            let shared: Vec<String> = rows
-                .iter()
-                .zip(batch)
-                .filter(|(t, intake)| t.client.is_empty() || intake.adopts_anonymous)
-                .filter_map(|(t, _)| t.idempotency_key.clone())
-                .collect();
-            idempotency::lock_keys(conn, "transfers", shared).await?;
-            let mut adopted = adopted_transfers(conn, &rows, batch).await?;
-            // An adopting request whose key an anonymous request of this batch holds (and
-            // nothing older does) meets that request's transfer, once it is written.
-            let anonymous_here: HashSet<&str> =
-                rows.iter().filter(|t| t.client.is_empty()).filter_map(|t| t.idempotency_key.as_deref()).collect();
-            let adopts_here: HashSet<(String, String)> = rows
-                .iter()
-                .zip(batch)
-                .filter(|(t, intake)| intake.adopts_anonymous && !t.client.is_empty())
-                .filter_map(|(t, _)| scoped_key(t))
-                .filter(|(_, key)| anonymous_here.contains(key))
-                .map(owned)
-                .filter(|k| !adopted.contains_key(k))
-                .collect();
-            let own = keyed_transfers(conn, adopts_here.iter().map(|(c, k)| (c.as_str(), k.as_str()))).await?;
-            let adopts_here: HashSet<(String, String)> =
-                adopts_here.into_iter().filter(|k| !own.contains_key(k)).collect();
-            // Only the first request of each client's key is offered to the insert, in
-            // (client, key) order: two batches that share keys then wait on each other in
-            // one order, never in a cycle (a deadlock). None whose key is adopted.
-            let mut seen = HashSet::new();
-            let mut offered: Vec<&Transfer> = rows
-                .iter()
-                .filter(|t| {
-                    scoped_key(t).is_none_or(|k| {
-                        !adopted.contains_key(&owned(k)) && !adopts_here.contains(&owned(k)) && seen.insert(k)
-                    })
-                })
-                .collect();
-            offered.sort_by(|a, b| scoped_key(a).cmp(&scoped_key(b)));
-            let mut inserted: HashMap<Uuid, Transfer> = diesel::insert_into(transfers::table)
-                .values(offered)
-                .on_conflict((transfers::client, transfers::idempotency_key))
-                .do_nothing()
-                .returning(Transfer::as_returning())
-                .get_results(conn)
-                .await?
+            let refusals = refusals(conn, batch).await?;
+            let allowed: Vec<Intake> =
+                batch.iter().zip(&refusals).filter(|(_, r)| r.is_none()).map(|(i, _)| i.clone()).collect();
+            let mut created = create_allowed(conn, &allowed, topic).await?.into_iter();
+            refusals
                 .into_iter()
-                .map(|t| (t.id, t))
-                .collect();
-            let unwritten = rows.iter().filter(|t| !inserted.contains_key(&t.id));
-            let by_key = keyed_transfers(conn, unwritten.filter_map(scoped_key)).await?;
-            for (client, key) in &adopts_here {
-                let anonymous =
-                    inserted.values().find(|t| t.client.is_empty() && t.idempotency_key.as_ref() == Some(key));
-                let anonymous = match anonymous {
-                    Some(t) => Some(t.clone()),
-                    None => keyed_transfers(conn, std::iter::once(("", key.as_str()))).await?.into_values().next(),
-                };
-                if let Some(t) = anonymous {
-                    adopted.insert((client.clone(), key.clone()), t);
-                }
-            }
-            let mut outcomes = Vec::with_capacity(batch.len());
-            let mut events = OutboxColumns::default();
-            for (row, intake) in rows.iter().zip(batch) {
-                if let Some(transfer) = inserted.remove(&row.id) {
-                    push_requested(&mut events, &transfer, topic, intake.traceparent.clone())?;
-                    outcomes.push(Created::New(transfer));
-                    continue;
-                }
-                // Not inserted: its client's key is taken, by an older transfer or by this
-                // batch's.
-                let existing = scoped_key(row)
-                    .map(owned)
-                    .and_then(|k| adopted.get(&k).or_else(|| by_key.get(&k)))
-                    .ok_or(diesel::result::Error::NotFound)?;
-                outcomes.push(if intake.request.matches(existing) {
-                    Created::Replayed(existing.clone())
-                } else {
-                    Created::KeyConflict
-                });
-            }
-            outbox::insert_columns(conn, &events).await?;
-            Ok(outcomes)
+                .map(|r| match r {
+                    Some(refusal) => Ok(Created::Refused(refusal)),
+                    None => created.next().ok_or(diesel::result::Error::NotFound),
+                })
+                .collect()
         }
         .scope_boxed()
     })
     .await
+}
+
+/// Why each request of `batch` is refused, if it is: its client may debit its source and
+/// credit its destination ([`crate::authority::Principal`]), as the accounts are now (an
+/// account's owner and kind never change).
+async fn refusals(
+    conn: &mut AsyncPgConnection,
+    batch: &[Intake],
+) -> Result<Vec<Option<Refusal>>, diesel::result::Error> {
+    let ids: Vec<&str> = batch
+        .iter()
+        .flat_map(|i| [i.request.source_account.as_str(), i.request.destination_account.as_str()])
+        .collect();
+    let accounts = super::accounts::refs(conn, &ids).await?;
+    let of = |id: &str| accounts.get(id).map(|(owner, kind)| AccountRef { owner, kind });
+    Ok(batch
+        .iter()
+        .map(|intake| {
+            let request = &intake.request;
+            if !intake.debitor().may_debit(of(&request.source_account).as_ref()) {
+                return Some(Refusal::Debit(request.source_account.clone()));
+            }
+            match of(&request.destination_account) {
+                Some(destination) if !intake.debitor().may_credit(&destination) => {
+                    Some(Refusal::Credit(request.destination_account.clone()))
+                }
+                // An unknown destination is the ledger's ACCOUNT_NOT_FOUND, as before.
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+/// Writes the requests of `batch`, every one of which is allowed, inside the caller's
+/// transaction.
+async fn create_allowed(
+    conn: &mut AsyncPgConnection,
+    batch: &[Intake],
+    topic: &str,
+) -> Result<Vec<Created>, diesel::result::Error> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    let now = Utc::now();
+    let rows: Vec<Transfer> = batch.iter().map(|intake| new_row(intake, now)).collect();
+    let shared: Vec<String> = rows
+        .iter()
+        .zip(batch)
+        .filter(|(t, intake)| t.client.is_empty() || intake.adopts_anonymous)
+        .filter_map(|(t, _)| t.idempotency_key.clone())
+        .collect();
+    idempotency::lock_keys(conn, "transfers", shared).await?;
+    let mut adopted = adopted_transfers(conn, &rows, batch).await?;
+    // An adopting request whose key an anonymous request of this batch holds (and
+    // nothing older does) meets that request's transfer, once it is written.
+    let anonymous_here: HashSet<&str> =
+        rows.iter().filter(|t| t.client.is_empty()).filter_map(|t| t.idempotency_key.as_deref()).collect();
+    let adopts_here: HashSet<(String, String)> = rows
+        .iter()
+        .zip(batch)
+        .filter(|(t, intake)| intake.adopts_anonymous && !t.client.is_empty())
+        .filter_map(|(t, _)| scoped_key(t))
+        .filter(|(_, key)| anonymous_here.contains(key))
+        .map(owned)
+        .filter(|k| !adopted.contains_key(k))
+        .collect();
+    let own = keyed_transfers(conn, adopts_here.iter().map(|(c, k)| (c.as_str(), k.as_str()))).await?;
+    let adopts_here: HashSet<(String, String)> = adopts_here.into_iter().filter(|k| !own.contains_key(k)).collect();
+    // Only the first request of each client's key is offered to the insert, in
+    // (client, key) order: two batches that share keys then wait on each other in
+    // one order, never in a cycle (a deadlock). None whose key is adopted.
+    let mut seen = HashSet::new();
+    let mut offered: Vec<&Transfer> = rows
+        .iter()
+        .filter(|t| {
+            scoped_key(t)
+                .is_none_or(|k| !adopted.contains_key(&owned(k)) && !adopts_here.contains(&owned(k)) && seen.insert(k))
+        })
+        .collect();
+    offered.sort_by(|a, b| scoped_key(a).cmp(&scoped_key(b)));
+    let mut inserted: HashMap<Uuid, Transfer> = diesel::insert_into(transfers::table)
+        .values(offered)
+        .on_conflict((transfers::client, transfers::idempotency_key))
+        .do_nothing()
+        .returning(Transfer::as_returning())
+        .get_results(conn)
+        .await?
+        .into_iter()
+        .map(|t| (t.id, t))
+        .collect();
+    let unwritten = rows.iter().filter(|t| !inserted.contains_key(&t.id));
+    let by_key = keyed_transfers(conn, unwritten.filter_map(scoped_key)).await?;
+    for (client, key) in &adopts_here {
+        let anonymous = inserted.values().find(|t| t.client.is_empty() && t.idempotency_key.as_ref() == Some(key));
+        let anonymous = match anonymous {
+            Some(t) => Some(t.clone()),
+            None => keyed_transfers(conn, std::iter::once(("", key.as_str()))).await?.into_values().next(),
+        };
+        if let Some(t) = anonymous {
+            adopted.insert((client.clone(), key.clone()), t);
+        }
+    }
+    let mut outcomes = Vec::with_capacity(batch.len());
+    let mut events = OutboxColumns::default();
+    for (row, intake) in rows.iter().zip(batch) {
+        if let Some(transfer) = inserted.remove(&row.id) {
+            push_requested(&mut events, &transfer, topic, intake.traceparent.clone())?;
+            outcomes.push(Created::New(transfer));
+            continue;
+        }
+        // Not inserted: its client's key is taken, by an older transfer or by this
+        // batch's.
+        let existing = scoped_key(row)
+            .map(owned)
+            .and_then(|k| adopted.get(&k).or_else(|| by_key.get(&k)))
+            .ok_or(diesel::result::Error::NotFound)?;
+        outcomes.push(if intake.request.matches(existing) {
+            Created::Replayed(existing.clone())
+        } else {
+            Created::KeyConflict
+        });
+    }
+    outbox::insert_columns(conn, &events).await?;
+    Ok(outcomes)
 }
 
 fn new_row(intake: &Intake, now: chrono::DateTime<Utc>) -> Transfer {
@@ -193,6 +266,7 @@ fn new_row(intake: &Intake, now: chrono::DateTime<Utc>) -> Transfer {
         created_at: now,
         updated_at: now,
         client: intake.client.clone(),
+        kind: tally_schema::models::transfer_kind::TRANSFER.into(),
     }
 }
 
@@ -271,6 +345,7 @@ fn push_requested(
         amount_cents: transfer.amount_cents,
         currency: transfer.currency.clone(),
         requested_at: transfer.created_at,
+        client: Some(transfer.client.clone()).filter(|c| !c.is_empty()),
     };
     let payload = serde_json::to_string(&event).map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
     events.id.push(event.event_id);

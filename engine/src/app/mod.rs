@@ -206,16 +206,20 @@ pub async fn start(
     );
     let throughput = crate::throughput::History::default();
     throughput.spawn_sampler(metrics.clone());
+    let clients = crate::http::auth::IntakeClients::new(&config.http);
+    clients.log();
     let state = web::Data::new(AppState {
         pool: pools.get(DbPool::HTTP).clone(),
         pools: pools.named(&running_pools),
         intake,
         topics: config.kafka.topics.clone(),
-        metrics,
+        metrics: metrics.clone(),
         expected_migrations,
         kafka_probe: producer,
         admin_token: config.http.admin_token.clone(),
-        clients: crate::http::auth::IntakeClients::new(&config.http),
+        clients,
+        intake_guard: crate::http::auth_guard::AuthGuard::new("intake", &metrics),
+        admin_guard: crate::http::auth_guard::AuthGuard::new("admin", &metrics),
         max_balance_cents: config.ledger.max_balance_cents,
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),

@@ -240,6 +240,7 @@ impl Stream {
             currency: "BRL".into(),
             score: 10,
             analyzed_at: chrono::Utc::now(),
+            client: None,
         })?;
         let key = account(from);
         let kind = EventType::TransferAnalyzed.as_str();

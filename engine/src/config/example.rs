@@ -66,7 +66,7 @@ const KEYS: &[(&str, &str)] = &[
     (
         "http.clients",
         "API clients: [[http.clients]] name = \"shop\", token_sha256 = [\"<sha256 of a token>\", ...] (or \
-         token_sha256_file), adopts_anonymous = false.",
+         token_sha256_file), adopts_anonymous = false, scopes = [...] (default: all but \"issue\").",
     ),
     ("http.tls", "HTTPS on the intake listener; no cert_file: plain HTTP. Reloaded on SIGHUP and on file change."),
     ("http.tls.cert_file", "PEM certificate chain of the intake listener."),
@@ -80,6 +80,14 @@ const KEYS: &[(&str, &str)] = &[
     ("http.workers", "HTTP worker threads."),
     ("http.intake_batch_max", "Most POST /transfers written in one database transaction."),
     ("http.intake_writers", "Intake transactions in flight at once."),
+    ("http.anonymous_scopes", "What anonymous requests may do (intake_auth off): accounts:open, transfers:create, orders:create, read, issue."),
+    ("http.insecure_anonymous_intake", "Allow intake_auth off on a non-loopback intake_addr: anyone who reaches it moves money."),
+    ("http.request_timeout_ms", "A request's headers and body must arrive within this; else 408 and the connection closes."),
+    ("http.max_connections", "Open intake connections at most; past it new ones wait in the kernel's backlog."),
+    ("http.max_connections_per_address", "Open intake connections per client address; past it a new one is closed at once."),
+    ("http.admin_max_connections", "Open admin connections at most, apart from the intake's."),
+    ("http.admin_hosts", "Host names the admin listener answers besides IP addresses and localhost."),
+    ("http.trusted_proxies", "Proxies (addresses or CIDR blocks) whose X-Forwarded-For names the client."),
     ("outbox", "The transactional outbox publisher."),
     ("outbox.batch_size", "Rows claimed per batch."),
     ("outbox.poll_interval_ms", "Claim again after this long even without a notification."),

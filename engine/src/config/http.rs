@@ -31,6 +31,31 @@ pub struct HttpConfig {
     pub intake_batch_max: usize,
     /// Intake transactions in flight at once, each on its own connection.
     pub intake_writers: usize,
+    /// The scopes of anonymous requests (`intake_auth` off): by default every one, as one
+    /// implicit owner holds every account they open.
+    pub anonymous_scopes: Vec<String>,
+    /// Start with `intake_auth` off on an address that is not loopback, where anyone who
+    /// reaches it may open accounts, issue money and move it. Refused unless set.
+    pub insecure_anonymous_intake: bool,
+    /// A request's headers and body must arrive within this, on either listener; past it
+    /// the answer is 408 and the connection is closed.
+    #[serde(rename = "request_timeout_ms", with = "super::duration::ms")]
+    pub request_timeout: Duration,
+    /// Open intake connections at most; past it new ones wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// Open intake connections from one client address at most; past it a new one is
+    /// closed at once.
+    pub max_connections_per_address: usize,
+    /// Open admin connections at most, apart from the intake's: a flooded intake leaves
+    /// `/readyz` and `/metrics` answering.
+    pub admin_max_connections: usize,
+    /// Host names the admin listener answers besides IP literals and `localhost` (a
+    /// browser's request under any other name is refused: DNS rebinding).
+    pub admin_hosts: Vec<String>,
+    /// Addresses (or CIDR blocks) of proxies in front of tally whose `X-Forwarded-For`
+    /// names the client: its address then counts for the limits, the log and the backoff
+    /// of failed authentication.
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -48,6 +73,14 @@ impl Default for HttpConfig {
             workers: 2,
             intake_batch_max: 128,
             intake_writers: 2,
+            anonymous_scopes: tally_actors::authority::Scope::ALL.iter().map(|s| s.name().to_owned()).collect(),
+            insecure_anonymous_intake: false,
+            request_timeout: Duration::from_millis(10_000),
+            max_connections: 1_024,
+            max_connections_per_address: 64,
+            admin_max_connections: 256,
+            admin_hosts: Vec::new(),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -71,101 +104,9 @@ impl HttpConfig {
         }
         self.tls.validate("http.tls")?;
         self.admin_tls.listener().validate("http.admin_tls")?;
-        self.validate_clients()
+        self.validate_clients()?;
+        self.validate_edge()
     }
-
-    fn validate_clients(&self) -> Result<(), ConfigError> {
-        if self.intake_auth && self.clients.is_empty() {
-            return invalid("http.intake_auth", "is on, and http.clients names no API client");
-        }
-        if self.clients.iter().filter(|c| c.adopts_anonymous).count() > 1 {
-            return invalid(
-                "http.clients.adopts_anonymous",
-                "is set on more than one client: anonymous requests were one caller's",
-            );
-        }
-        let mut names = std::collections::HashSet::new();
-        for client in &self.clients {
-            let name = &client.name;
-            let good = (1..=64).contains(&name.len())
-                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-            if !good {
-                return invalid(
-                    "http.clients.name",
-                    format!("`{name}` is not 1 to 64 of A-Z, a-z, 0-9, `.`, `_`, `-`"),
-                );
-            }
-            if !names.insert(name) {
-                return invalid("http.clients.name", format!("`{name}` names two clients"));
-            }
-            if client.token_digests().is_none() {
-                return invalid(
-                    "http.clients.token_sha256",
-                    format!("of client `{name}` must be SHA-256 digests of its tokens, 64 hexadecimal digits each"),
-                );
-            }
-            if client.token_sha256.is_empty() && self.tls.client_ca_file.is_empty() {
-                return invalid(
-                    "http.clients.token_sha256",
-                    format!("of client `{name}` is empty: without http.tls.client_ca_file a client needs a token"),
-                );
-            }
-        }
-        Ok(())
-    }
-}
-
-/// One API client of the intake: its name, recorded with every transfer and order it
-/// creates and scoping its idempotency keys, and the SHA-256 of each of its bearer tokens
-/// (the tokens themselves are stored nowhere). Several digests at once let a token be
-/// rotated without a gap: add the new one, move the caller, remove the old one. A client
-/// may also be known by its TLS client certificate, whose common name or a DNS name of
-/// which is the client's `name` (with `http.tls.client_ca_file`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IntakeClientConfig {
-    pub name: String,
-    /// Hexadecimal SHA-256 of the client's bearer token, e.g. from
-    /// `printf %s "$TOKEN" | sha256sum`: one, or a list of them.
-    #[serde(deserialize_with = "one_or_many")]
-    pub token_sha256: Vec<Secret>,
-    /// A file holding `token_sha256`, one digest a line (a mounted secret).
-    pub token_sha256_file: String,
-    /// Requests of this client also replay the transfers and orders that anonymous
-    /// requests made with the same `Idempotency-Key` or `externalReference`: turn it on
-    /// for the caller that sent anonymous requests before `intake_auth` was turned on, so
-    /// that its retries across the cut-over do not apply twice.
-    pub adopts_anonymous: bool,
-}
-
-impl IntakeClientConfig {
-    /// The SHA-256 of each token, when every `token_sha256` is 64 hexadecimal digits.
-    #[must_use]
-    pub fn token_digests(&self) -> Option<Vec<[u8; 32]>> {
-        self.token_sha256
-            .iter()
-            .map(|hex_digest| {
-                let mut digest = [0u8; 32];
-                hex::decode_to_slice(hex_digest.expose().trim(), &mut digest).ok()?;
-                Some(digest)
-            })
-            .collect()
-    }
-}
-
-/// A string or a list of strings, as secrets.
-fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<Secret>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
-    }
-    Ok(match OneOrMany::deserialize(deserializer)? {
-        OneOrMany::One(one) if one.is_empty() => Vec::new(),
-        OneOrMany::One(one) => vec![Secret::new(one)],
-        OneOrMany::Many(many) => many.into_iter().map(Secret::new).collect(),
-    })
 }
 
 /// HTTPS on one listener: its certificate chain and key (PEM files, read again on SIGHUP

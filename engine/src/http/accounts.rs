@@ -1,8 +1,8 @@
-//! Intake endpoints of accounts: `POST /accounts` and `GET /accounts/{id}` with its
-//! postings.
+//! Intake endpoints of accounts: `POST /accounts` (an opening balance is issued money)
+//! and `GET /accounts/{id}` with its postings, for its owner only.
 
 use actix_web::http::header;
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use tally_schema::models::{Account, Posting};
 use tally_schema::{AccountId, Currency};
@@ -11,13 +11,16 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
+use tally_actors::authority::{Scope, ISSUANCE_PREFIX};
 use tally_actors::store::accounts;
 
-/// An account to open; `initialBalanceCents` is at most `ledger.max_balance_cents`.
+/// An account to open; `initialBalanceCents` is at most `ledger.max_balance_cents`, and
+/// more than 0 is issued money (the `issue` scope).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateAccountBody {
-    /// 1 to 32 characters, no whitespace or control characters.
+    /// 1 to 32 characters, no whitespace or control characters, not starting with
+    /// `issuance:` (the issuance accounts' names).
     #[schema(pattern = r"^[^\s\x00-\x1f\x7f-\x9f]{1,32}$", example = "acc-alice")]
     id: String,
     #[schema(pattern = r"^[A-Z]{3}$", example = "BRL")]
@@ -32,39 +35,68 @@ pub struct AccountView {
     id: String,
     currency: String,
     balance_cents: i64,
+    /// The API client that opened it (and alone debits and reads it); `null` for one the
+    /// anonymous caller opened.
+    owner: Option<String>,
 }
 
 impl From<Account> for AccountView {
     fn from(a: Account) -> Self {
-        Self { id: a.id, currency: a.currency, balance_cents: a.balance_cents }
+        Self {
+            id: a.id,
+            currency: a.currency,
+            balance_cents: a.balance_cents,
+            owner: Some(a.owner).filter(|o| !o.is_empty()),
+        }
     }
 }
 
-/// `POST /accounts`: 201 with the account; 409 when the id exists.
+/// `POST /accounts`: 201 with the account, owned by the caller; 409 when the id exists. An
+/// opening balance is issued, with postings, from the issuance account of its currency.
 #[utoipa::path(post, path = "/accounts", tag = "intake", request_body = CreateAccountBody,
     responses((status = 201, description = "Opened.", body = AccountView),
+        (status = 403, description = "The client lacks `accounts:open`, or `issue` for an opening balance.", body = ErrorBody),
         (status = 409, description = "The id exists.", body = ErrorBody),
         (status = 422, description = "A value breaks its rule.", body = ErrorBody)))]
 pub async fn create_account(
-    _caller: Caller,
+    caller: Caller,
     state: web::Data<AppState>,
+    req: HttpRequest,
     body: web::Json<CreateAccountBody>,
 ) -> Result<HttpResponse, ApiError> {
+    caller.require(Scope::AccountsOpen)?;
     let body = body.into_inner();
     let id = AccountId::parse("id", &body.id)?;
+    if id.as_str().starts_with(ISSUANCE_PREFIX) {
+        return Err(ApiError::Validation(format!(
+            "id must not start with {ISSUANCE_PREFIX:?}: that prefix names the issuance accounts"
+        )));
+    }
     let currency = Currency::parse("currency", &body.currency)?;
     let max = state.max_balance_cents;
     let balance =
         body.initial_balance_cents.as_i64().filter(|b| (0..=max).contains(b)).ok_or_else(|| {
             ApiError::Validation(format!("initialBalanceCents must be an integer between 0 and {max}"))
         })?;
+    if balance > 0 {
+        // An opening balance is money entering the ledger.
+        caller.require(Scope::Issue)?;
+    }
     let mut conn = state.pool.get().await?;
-    match accounts::create_account(&mut conn, id.as_str(), currency.as_str(), balance).await? {
-        Some(account) => Ok(HttpResponse::Created()
-            .insert_header((header::LOCATION, format!("/accounts/{}", account.id)))
-            .json(AccountView::from(account))),
+    match accounts::create_account(&mut conn, id.as_str(), currency.as_str(), balance, &caller.name).await? {
+        Some(account) if balance > 0 => {
+            super::issuances::audit_issue(&caller, &req, &account.id, balance, &account.currency);
+            Ok(opened(account))
+        }
+        Some(account) => Ok(opened(account)),
         None => Err(ApiError::Conflict { code: "account_exists", message: format!("Account {id} already exists") }),
     }
+}
+
+fn opened(account: Account) -> HttpResponse {
+    HttpResponse::Created()
+        .insert_header((header::LOCATION, format!("/accounts/{}", account.id)))
+        .json(AccountView::from(account))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -110,16 +142,19 @@ pub struct AccountDetail {
     next_before: Option<i64>,
 }
 
-/// `GET /accounts/{id}?limit=&before=`: balance and postings, newest first.
+/// `GET /accounts/{id}?limit=&before=`: balance and postings, newest first, for the
+/// account's owner; anyone else gets 404, as for an account that does not exist.
 #[utoipa::path(get, path = "/accounts/{id}", tag = "intake", params(("id" = String, Path), PostingsQuery),
     responses((status = 200, description = "Balance and a page of postings.", body = AccountDetail),
-        (status = 404, description = "No such account.", body = ErrorBody)))]
+        (status = 403, description = "The client lacks the `read` scope.", body = ErrorBody),
+        (status = 404, description = "No such account (of this client).", body = ErrorBody)))]
 pub async fn get_account(
-    _caller: Caller,
+    caller: Caller,
     state: web::Data<AppState>,
     id: web::Path<String>,
     query: web::Query<PostingsQuery>,
 ) -> Result<HttpResponse, ApiError> {
+    caller.require(Scope::Read)?;
     let limit = query.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
         return Err(ApiError::BadRequest("The limit parameter must be between 1 and 500".into()));
@@ -132,6 +167,7 @@ pub async fn get_account(
     let mut conn = state.pool.get().await?;
     let account = accounts::find_account(&mut conn, &id)
         .await?
+        .filter(|a| caller.may_read_account(&a.owner))
         .ok_or_else(|| ApiError::NotFound(format!("Account {id} does not exist")))?;
     let postings = accounts::postings_page(&mut conn, &id, query.before, limit).await?;
     let next_before = (postings.len() as i64 == limit).then(|| postings.last().map(|p| p.id)).flatten();

@@ -176,7 +176,7 @@ pub(super) async fn outbox_backlog(state: web::Data<AppState>) -> Result<HttpRes
     responses((status = 200, description = "`{retrying}`", body = Object),
         (status = 404, description = "Not a parked row.", body = ErrorBody)))]
 pub(super) async fn outbox_retry(
-    _: Admin,
+    admin: Admin,
     state: web::Data<AppState>,
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
@@ -186,16 +186,16 @@ pub(super) async fn outbox_retry(
     if due.is_empty() {
         return Err(ApiError::NotFound(format!("There is no parked outbox row {id}")));
     }
-    tracing::info!(event_id = %id, "Parked outbox row retried through the admin API.");
+    admin.audit("outbox_retry", &format!("parked outbox row {id}"));
     Ok(HttpResponse::Ok().json(json!({ "retrying": due })))
 }
 
 /// `POST /admin/outbox/parked/retry` (admin token): try every parked row again now.
 #[utoipa::path(post, path = "/admin/outbox/parked/retry", tag = "admin", security(("admin" = [])),
     responses((status = 200, description = "`{retrying}`", body = Object)))]
-pub(super) async fn outbox_retry_all(_: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+pub(super) async fn outbox_retry_all(admin: Admin, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let due = outbox::retry_parked(&state.pool, None).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    tracing::info!(rows = due.len(), "Every parked outbox row retried through the admin API.");
+    admin.audit("outbox_retry", &format!("every parked outbox row ({})", due.len()));
     Ok(HttpResponse::Ok().json(json!({ "retrying": due })))
 }
 
@@ -233,12 +233,12 @@ fn stage<'a>(state: &'a AppState, name: &str) -> Result<&'a tally_actors::consum
     security(("admin" = [])),
     responses((status = 200, description = "Paused.", body = Object), (status = 404, description = "No such pipeline.", body = ErrorBody)))]
 pub(super) async fn pause(
-    _: Admin,
+    admin: Admin,
     state: web::Data<AppState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let control = stage(&state, &name)?.clone();
-    tracing::info!(pipeline = %name, "Pause requested through the admin API.");
+    admin.audit("pause", &format!("pipeline {name}"));
     if !web::block(move || control.pause()).await.unwrap_or(false) {
         return Err(ApiError::Unavailable(format!("Pipeline {name} did not confirm the pause")));
     }
@@ -250,12 +250,12 @@ pub(super) async fn pause(
     security(("admin" = [])),
     responses((status = 200, description = "Resumed.", body = Object), (status = 404, description = "No such pipeline.", body = ErrorBody)))]
 pub(super) async fn resume(
-    _: Admin,
+    admin: Admin,
     state: web::Data<AppState>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let control = stage(&state, &name)?.clone();
-    tracing::info!(pipeline = %name, "Resume requested through the admin API.");
+    admin.audit("resume", &format!("pipeline {name}"));
     if !web::block(move || control.resume()).await.unwrap_or(false) {
         return Err(ApiError::Unavailable(format!("Pipeline {name} did not confirm the resume")));
     }

@@ -64,7 +64,7 @@ pub(super) async fn dead_letters_read(
     responses((status = 200, description = "`{replayed, records}`, or the dry run.", body = Object),
         (status = 409, description = "A row names a topic this configuration does not use.", body = ErrorBody)))]
 pub(super) async fn dead_letters_replay(
-    _: Admin,
+    admin: Admin,
     state: web::Data<AppState>,
     query: web::Query<ReplayQuery>,
     body: web::Bytes,
@@ -125,7 +125,7 @@ pub(super) async fn dead_letters_replay(
     if let Some(source) = failure {
         return Err(dlt::DltError::Produce { acked: ids.len(), selected: rows.len(), source }.into());
     }
-    tracing::info!(replayed = ids.len(), "Replayed rows of the dead_letters table.");
+    admin.audit("replay", &format!("rows {ids:?} of the dead_letters table"));
     let records: Vec<Value> = done
         .iter()
         .map(|(row, partition, offset)| {

@@ -230,7 +230,7 @@ pub(super) fn replay_producer(state: &AppState) -> Result<rdkafka::producer::Fut
         (status = 404, description = "Not a DLT topic of this configuration.", body = ErrorBody),
         (status = 409, description = "A record lacks its origin: nothing replayed.", body = ErrorBody)))]
 pub(super) async fn dlt_replay(
-    _: Admin,
+    admin: Admin,
     state: web::Data<AppState>,
     topic: web::Path<String>,
     query: web::Query<ReplayQuery>,
@@ -287,6 +287,6 @@ pub(super) async fn dlt_replay(
     if let Some(source) = failure {
         return Err(dlt::DltError::Produce { acked: done.len(), selected: planned.len(), source }.into());
     }
-    tracing::info!(topic = %topic, replayed = done.len(), "Replayed DLT records.");
+    admin.audit("replay", &format!("{} records of {topic}", done.len()));
     Ok(HttpResponse::Ok().json(json!({ "replayed": done.len(), "records": done, "logged": logged })))
 }

@@ -1,22 +1,45 @@
-//! Bearer-token authorization of state-changing admin endpoints: a missing token is 401,
-//! a wrong one 403, compared in constant time. With no token configured those endpoints
-//! are refused (403): an admin listener is never open by omission.
+//! Who asks, on both listeners.
 //!
-//! And the intake's API clients ([`Caller`]): a token that no client has is 401; with
-//! `http.intake_auth` on, so is a request without one.
+//! The admin listener: bearer-token authorization of the endpoints that show records or
+//! change state ([`Admin`]); a missing token is 401, a wrong one 403, compared in constant
+//! time. With no token configured those endpoints are refused (403): an admin listener is
+//! never open by omission.
+//!
+//! The intake: its API clients ([`Caller`]). A token or certificate that names no client
+//! is 401; with `http.intake_auth` on, so is a request without one. Each caller holds
+//! scopes; what it may do with them is `tally_actors::authority`'s to decide.
+//!
+//! On both, a presented credential that names no one counts against the client's address
+//! ([`super::auth_guard`]): past a few, the address waits, answered 429 unread.
+
+use std::net::IpAddr;
 
 use actix_web::dev::Payload;
-use actix_web::{web, FromRequest, HttpRequest};
+use actix_web::{FromRequest, HttpRequest};
 use futures_util::future::{ready, Ready};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tally_actors::authority::{Principal, Scope, Scopes};
 
+use super::edge::{client_addr, client_label, state};
 use super::error::ApiError;
-use super::AppState;
 
-/// Present in a handler's arguments: the request carried the admin token.
-#[derive(Debug)]
-pub struct Admin;
+/// Present in a handler's arguments: the request carried the admin token. Says who (the
+/// token's name) and from where, for the audit log.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    /// The admin token's name: `admin` (there is one token, `http.admin_token`).
+    pub name: &'static str,
+    /// The client's address.
+    pub from: String,
+}
+
+impl Admin {
+    /// Logs `action` (with `detail`) as done by this admin, to the `tally::audit` target.
+    pub fn audit(&self, action: &str, detail: &str) {
+        tracing::info!(target: "tally::audit", actor = self.name, from = %self.from, action, detail, "Admin action.");
+    }
+}
 
 impl FromRequest for Admin {
     type Error = ApiError;
@@ -28,8 +51,7 @@ impl FromRequest for Admin {
 }
 
 fn check(req: &HttpRequest) -> Result<Admin, ApiError> {
-    let state =
-        req.app_data::<web::Data<AppState>>().ok_or_else(|| ApiError::Internal("admin state missing".into()))?;
+    let state = state(req)?;
     let configured = state.admin_token.expose().as_bytes();
     let presented = req
         .headers()
@@ -37,17 +59,30 @@ fn check(req: &HttpRequest) -> Result<Admin, ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or(ApiError::Unauthorized)?;
+    let addr = client_addr(req);
+    wait_out(&state.admin_guard, addr, &state.metrics)?;
     if configured.is_empty() {
         return Err(ApiError::Forbidden);
     }
     if bool::from(presented.as_bytes().ct_eq(configured)) {
-        Ok(Admin)
+        state.admin_guard.succeeded(addr);
+        Ok(Admin { name: "admin", from: client_label(req) })
     } else {
+        state.admin_guard.failed(addr, "admin token", &state.metrics);
         Err(ApiError::Forbidden)
     }
 }
 
-/// The intake's API clients: their names, each token's SHA-256 and whose it is.
+/// `Err(429)` while `addr` waits after failed authentications.
+fn wait_out(
+    guard: &super::auth_guard::AuthGuard,
+    addr: Option<IpAddr>,
+    metrics: &tally_actors::Metrics,
+) -> Result<(), ApiError> {
+    guard.check(addr, metrics).map_err(|wait| ApiError::TooManyFailures { retry_after_secs: wait.as_secs().max(1) })
+}
+
+/// The intake's API clients: their names and scopes, each token's SHA-256 and whose it is.
 #[derive(Debug, Clone, Default)]
 pub struct IntakeClients {
     /// Every request must carry a client's token or certificate (`http.intake_auth`).
@@ -55,6 +90,8 @@ pub struct IntakeClients {
     clients: Vec<Caller>,
     /// Each token's digest and the index of its client in `clients`.
     digests: Vec<([u8; 32], usize)>,
+    /// What anonymous requests may do (`http.anonymous_scopes`).
+    anonymous: Scopes,
 }
 
 impl IntakeClients {
@@ -63,10 +100,15 @@ impl IntakeClients {
         let mut clients = Vec::new();
         let mut digests = Vec::new();
         for (index, client) in config.clients.iter().enumerate() {
-            clients.push(Caller { name: client.name.clone(), adopts_anonymous: client.adopts_anonymous });
+            let principal = Principal {
+                name: client.name.clone(),
+                scopes: client.scopes().unwrap_or_default(),
+                adopts_anonymous: client.adopts_anonymous,
+            };
+            clients.push(Caller(principal));
             digests.extend(client.token_digests().unwrap_or_default().into_iter().map(|d| (d, index)));
         }
-        Self { required: config.intake_auth, clients, digests }
+        Self { required: config.intake_auth, clients, digests, anonymous: config.anonymous_scopes() }
     }
 
     /// The client whose token is `token`. Every digest is compared, in constant time, so
@@ -86,21 +128,37 @@ impl IntakeClients {
     /// DNS names); none when it names no client, or more than one (which would depend on
     /// the order of the configuration).
     fn by_certificate(&self, peer: &super::tls::PeerNames) -> Option<&Caller> {
-        let mut named = self.clients.iter().filter(|c| peer.0.contains(&c.name));
+        let mut named = self.clients.iter().filter(|c| peer.0.contains(&c.0.name));
         let first = named.next()?;
         named.next().is_none().then_some(first)
+    }
+
+    /// The log line of each client at start: its name, scopes and token fingerprints (the
+    /// first 8 hexadecimal digits of each digest), so that a token rotation shows in the
+    /// audit log.
+    pub fn log(&self) {
+        for (index, caller) in self.clients.iter().enumerate() {
+            let tokens: Vec<String> =
+                self.digests.iter().filter(|(_, i)| *i == index).map(|(d, _)| hex::encode(&d[..4])).collect();
+            tracing::info!(target: "tally::audit", client = %caller.0.name, scopes = ?caller.0.scopes.names(),
+                           tokens = ?tokens, "API client configured.");
+        }
     }
 }
 
 /// Present in an intake handler's arguments: who asks. The API client whose token the
-/// request carried, or whose certificate the connection presented; or anonymous (an empty
-/// name), allowed only when `http.intake_auth` is off. Extracted before the body, so a
-/// refused request reads and writes nothing.
+/// request carried, or whose certificate the connection presented; or the anonymous scope
+/// (an empty name), allowed only when `http.intake_auth` is off. Extracted before the
+/// body, so a refused request reads and writes nothing.
 #[derive(Debug, Clone)]
-pub struct Caller {
-    pub name: String,
-    /// Its idempotency keys also match those of anonymous requests (`adopts_anonymous`).
-    pub adopts_anonymous: bool,
+pub struct Caller(pub Principal);
+
+impl std::ops::Deref for Caller {
+    type Target = Principal;
+
+    fn deref(&self) -> &Principal {
+        &self.0
+    }
 }
 
 impl FromRequest for Caller {
@@ -113,15 +171,24 @@ impl FromRequest for Caller {
 }
 
 fn identify(req: &HttpRequest) -> Result<Caller, ApiError> {
-    let state =
-        req.app_data::<web::Data<AppState>>().ok_or_else(|| ApiError::Internal("intake state missing".into()))?;
+    let state = state(req)?;
     let clients = &state.clients;
-    let anonymous = Caller { name: String::new(), adopts_anonymous: false };
+    let anonymous = Caller(Principal::anonymous(clients.anonymous));
     // No clients configured: the intake does not authenticate at all.
     if clients.clients.is_empty() && !clients.required {
         return Ok(anonymous);
     }
-    let by_token = match req.headers().get(actix_web::http::header::AUTHORIZATION) {
+    let addr = client_addr(req);
+    let token = req.headers().get(actix_web::http::header::AUTHORIZATION);
+    let certificate = req.conn_data::<super::tls::PeerNames>();
+    if token.is_some() || certificate.is_some() {
+        wait_out(&state.intake_guard, addr, &state.metrics)?;
+    }
+    let failed = |what: &str| {
+        state.intake_guard.failed(addr, what, &state.metrics);
+        ApiError::ClientUnauthorized
+    };
+    let by_token = match token {
         None => None,
         Some(value) => Some(
             value
@@ -129,32 +196,58 @@ fn identify(req: &HttpRequest) -> Result<Caller, ApiError> {
                 .ok()
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .and_then(|token| clients.by_token(token))
-                .ok_or(ApiError::ClientUnauthorized)?,
+                .ok_or_else(|| failed("client token"))?,
         ),
     };
     // A verified certificate that names no client (or two) is refused, not taken for an
     // anonymous caller: a renewed certificate with another name would otherwise move its
     // retries into the anonymous scope, where their keys are new.
-    let by_certificate = match req.conn_data::<super::tls::PeerNames>() {
+    let by_certificate = match certificate {
         None => None,
-        Some(peer) => Some(clients.by_certificate(peer).ok_or(ApiError::ClientUnauthorized)?),
+        Some(peer) => Some(clients.by_certificate(peer).ok_or_else(|| failed("client certificate"))?),
     };
-    match (by_token, by_certificate) {
+    let caller = match (by_token, by_certificate) {
         // A token of one client over a connection of another: neither is believed.
-        (Some(token), Some(cert)) if token.name != cert.name => Err(ApiError::ClientUnauthorized),
-        (Some(caller), _) | (None, Some(caller)) => Ok(caller.clone()),
-        (None, None) if clients.required => Err(ApiError::ClientUnauthorized),
-        (None, None) => Ok(anonymous),
-    }
+        (Some(token), Some(cert)) if token.0.name != cert.0.name => return Err(failed("token and certificate")),
+        (Some(caller), _) | (None, Some(caller)) => caller.clone(),
+        (None, None) if clients.required => return Err(ApiError::ClientUnauthorized),
+        (None, None) => return Ok(anonymous),
+    };
+    state.intake_guard.succeeded(addr);
+    Ok(caller)
 }
 
 impl Caller {
-    /// Whether this caller may see a record created by `client`: each caller sees its own
-    /// records only, and an anonymous caller (no token, with `intake_auth` off) those made
-    /// without one; so does a client that adopts anonymous requests. (Seeing every record,
-    /// it could read any client's transfers by the ids that `GET /accounts/{id}` lists.)
+    /// `Ok` when the caller holds `scope`; else 403 naming it.
+    ///
+    /// # Errors
+    /// [`ApiError::Refused`] with code `scope_missing`.
+    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+        if self.may(scope) {
+            Ok(())
+        } else {
+            Err(ApiError::Refused {
+                code: "scope_missing",
+                message: format!("This needs the `{scope}` scope, which {} does not hold", self.who()),
+            })
+        }
+    }
+
+    /// Whether this caller may see a record created by `client` (an order, or a transfer
+    /// by its creator alone): its own, and an adopting client also the anonymous ones.
     #[must_use]
     pub fn may_see(&self, client: &str) -> bool {
-        self.name == client || (self.adopts_anonymous && client.is_empty())
+        self.owns(client)
+    }
+
+    /// The caller for messages and the audit log: `client <name>`, or `the anonymous
+    /// caller`.
+    #[must_use]
+    pub fn who(&self) -> String {
+        if self.0.name.is_empty() {
+            "the anonymous caller".to_owned()
+        } else {
+            format!("client {}", self.0.name)
+        }
     }
 }

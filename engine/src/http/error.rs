@@ -74,6 +74,21 @@ pub enum ApiError {
     /// The intake's request carried no valid API client token (`http.intake_auth`).
     #[error("This needs an API client's token: send Authorization: Bearer <client token>")]
     ClientUnauthorized,
+    /// The client is known, and this is not its to do: a scope it lacks, an account that
+    /// is not its own to debit.
+    #[error("{message}")]
+    Refused { code: &'static str, message: String },
+    /// Too many failed authentications from this address: it waits before the next try.
+    #[error("Too many failed authentications from this address: try again in {retry_after_secs} s")]
+    TooManyFailures { retry_after_secs: u64 },
+    /// The request's body did not arrive within `http.request_timeout_ms`.
+    #[error("The request did not arrive within {0} ms")]
+    RequestTimeout(u64),
+    /// The admin listener does not answer this host name (`http.admin_hosts`).
+    #[error(
+        "This listener does not answer the host name {0:?}; it answers IP addresses, localhost and http.admin_hosts"
+    )]
+    MisdirectedHost(String),
     #[error("The service is unavailable: {0}")]
     Unavailable(String),
     /// The write may or may not have committed (the connection was lost during it): retry
@@ -99,6 +114,10 @@ impl ApiError {
             Self::Conflict { code, .. } => code,
             Self::Unauthorized | Self::ClientUnauthorized => "unauthorized",
             Self::Forbidden => "forbidden",
+            Self::Refused { code, .. } => code,
+            Self::TooManyFailures { .. } => "too_many_failures",
+            Self::RequestTimeout(_) => "request_timeout",
+            Self::MisdirectedHost(_) => "misdirected_host",
             Self::Unavailable(_) => "unavailable",
             Self::OutcomeUnknown(_) => "outcome_unknown",
             Self::Internal(_) => "internal",
@@ -117,7 +136,10 @@ impl ResponseError for ApiError {
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::Unauthorized | Self::ClientUnauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Forbidden | Self::Refused { .. } => StatusCode::FORBIDDEN,
+            Self::TooManyFailures { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::MisdirectedHost(_) => StatusCode::MISDIRECTED_REQUEST,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) | Self::OutcomeUnknown(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -133,6 +155,12 @@ impl ResponseError for ApiError {
         }
         if let Self::MethodNotAllowed { allowed, .. } = self {
             response.insert_header((header::ALLOW, allowed.as_str()));
+        }
+        if let Self::TooManyFailures { retry_after_secs } = self {
+            response.insert_header((header::RETRY_AFTER, retry_after_secs.to_string()));
+        }
+        if matches!(self, Self::RequestTimeout(_)) {
+            response.force_close();
         }
         response.json(ErrorBody::new(self.code(), &self.to_string()))
     }
@@ -173,6 +201,11 @@ pub fn json_error(err: JsonPayloadError, _: &HttpRequest) -> actix_web::Error {
             ApiError::InvalidBody(format!("The request body does not have the expected fields: {e}"))
         }
         JsonPayloadError::Deserialize(e) => ApiError::InvalidBody(format!("The request body is not valid JSON: {e}")),
+        JsonPayloadError::Payload(actix_web::error::PayloadError::Io(e))
+            if e.kind() == std::io::ErrorKind::TimedOut =>
+        {
+            ApiError::RequestTimeout(super::edge::timeout_ms(&e))
+        }
         other => ApiError::InvalidBody(format!("The request body could not be read: {other}")),
     };
     api.into()

@@ -19,6 +19,7 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
+use tally_actors::authority::Scope;
 use tally_actors::store::group_commit::{Batch, Refusal};
 use tally_actors::store::transfers::{self, Created, Intake, TransferRequest};
 use tally_actors::supervise::{Classify, ErrorClass};
@@ -64,7 +65,7 @@ impl CreateTransferBody {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TransferView {
-    id: Uuid,
+    pub(super) id: Uuid,
     source_account: String,
     destination_account: String,
     amount_cents: i64,
@@ -74,6 +75,9 @@ pub struct TransferView {
     rejection_reason: Option<String>,
     /// The API client that created it; `null` when the intake did not authenticate it.
     client: Option<String>,
+    /// `transfer` (between two accounts, through antifraud and the ledger) or `issuance`
+    /// (money issued from the currency's issuance account, settled at once).
+    kind: String,
     created_at: chrono::DateTime<chrono::Utc>,
     updated_at: chrono::DateTime<chrono::Utc>,
 }
@@ -89,6 +93,7 @@ impl From<Transfer> for TransferView {
             status: t.status,
             rejection_reason: t.rejection_reason,
             client: Some(t.client).filter(|c| !c.is_empty()),
+            kind: t.kind,
             created_at: t.created_at,
             updated_at: t.updated_at,
         }
@@ -112,6 +117,8 @@ impl From<Transfer> for TransferView {
     responses(
         (status = 201, description = "Created and queued for the ledger.", body = TransferView),
         (status = 200, description = "A replay of the request of this Idempotency-Key.", body = TransferView),
+        (status = 403, description = "The source account is not the client's, the destination an issuance \
+            account, or the client lacks `transfers:create`.", body = ErrorBody),
         (status = 409, description = "This Idempotency-Key was used with another request.", body = ErrorBody),
         (status = 422, description = "A value breaks its rule.", body = ErrorBody),
         (status = 500, description = "outcome_unknown: retry with the same Idempotency-Key.", body = ErrorBody)))]
@@ -164,13 +171,14 @@ async fn accept_transfer(
     body: web::Json<CreateTransferBody>,
     traceparent: String,
 ) -> Result<(&'static str, Uuid, HttpResponse), ApiError> {
+    caller.require(Scope::TransfersCreate)?;
     let key = idempotency_key(&req)?;
     let request = body.into_inner().validate(state.max_balance_cents)?;
     let created = state
         .intake
         .submit(Intake {
             request,
-            client: caller.name,
+            client: caller.name.clone(),
             adopts_anonymous: caller.adopts_anonymous,
             idempotency_key: key,
             traceparent: Some(traceparent),
@@ -189,7 +197,25 @@ async fn accept_transfer(
             code: "idempotency_key_conflict",
             message: "this Idempotency-Key was already used with a different request".into(),
         }),
+        Created::Refused(refusal) => Err(refused(&caller, &req, &refusal)),
     }
+}
+
+/// The 403 of a refused transfer request, after its audit log line.
+fn refused(caller: &Caller, req: &HttpRequest, refusal: &transfers::Refusal) -> ApiError {
+    let (code, account, message) = match refusal {
+        transfers::Refusal::Debit(account) => {
+            ("debit_forbidden", account, format!("Account {account} is not {}'s to debit", caller.who()))
+        }
+        transfers::Refusal::Credit(account) => (
+            "credit_forbidden",
+            account,
+            format!("Account {account} is an issuance account: money reaches it by no transfer"),
+        ),
+    };
+    tracing::warn!(target: "tally::audit", actor = %caller.who(), from = %super::edge::client_label(req),
+                   action = "transfer", account = %account, refused = code, "Refused a transfer.");
+    ApiError::Refused { code, message }
 }
 
 /// The intake's writes for a [`GroupCommit`](tally_actors::store::group_commit::GroupCommit): `POST /transfers` requests that arrive while
@@ -255,7 +281,7 @@ impl Batch for IntakeBatch {
     }
 }
 
-fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
+pub(super) fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
     let Some(value) = req.headers().get("Idempotency-Key") else { return Ok(None) };
     let key = value
         .to_str()
@@ -265,19 +291,27 @@ fn idempotency_key(req: &HttpRequest) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_owned()))
 }
 
-/// `GET /transfers/{id}`: an API client sees its own transfers only.
+/// `GET /transfers/{id}`: the client that created it and the owners of its two accounts
+/// (the payee sees money that came in) see it; anyone else gets 404.
 #[utoipa::path(get, path = "/transfers/{id}", tag = "intake", params(("id" = Uuid, Path)),
     responses((status = 200, description = "The transfer.", body = TransferView),
-        (status = 404, description = "No such transfer (of this client).", body = ErrorBody)))]
+        (status = 403, description = "The client lacks the `read` scope.", body = ErrorBody),
+        (status = 404, description = "No such transfer (of this client's).", body = ErrorBody)))]
 pub async fn get_transfer(
     caller: Caller,
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<HttpResponse, ApiError> {
+    caller.require(Scope::Read)?;
     let mut conn = state.pool.get().await?;
-    let transfer = transfers::find_transfer(&mut conn, *id)
-        .await?
-        .filter(|t| caller.may_see(&t.client))
-        .ok_or_else(|| ApiError::NotFound(format!("Transfer {id} does not exist")))?;
-    Ok(HttpResponse::Ok().json(TransferView::from(transfer)))
+    let not_found = || ApiError::NotFound(format!("Transfer {id} does not exist"));
+    let transfer = transfers::find_transfer(&mut conn, *id).await?.ok_or_else(not_found)?;
+    let parties = [transfer.source_account.as_str(), transfer.destination_account.as_str()];
+    let owners = tally_actors::store::accounts::refs(&mut conn, &parties).await?;
+    let owner = |account: &str| owners.get(account).map(|(owner, _)| owner.as_str());
+    if caller.may_read_transfer(&transfer.client, owner(parties[0]), owner(parties[1])) {
+        Ok(HttpResponse::Ok().json(TransferView::from(transfer)))
+    } else {
+        Err(not_found())
+    }
 }

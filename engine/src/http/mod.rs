@@ -6,10 +6,14 @@ pub mod admin;
 mod admin_dead_letters;
 mod admin_dlt;
 pub mod auth;
+pub mod auth_guard;
+pub mod connections;
 mod console;
 mod dlt_replays;
+pub mod edge;
 pub mod error;
 pub mod intake;
+pub mod issuances;
 pub mod openapi;
 pub mod orders;
 pub mod tls;
@@ -48,6 +52,9 @@ pub struct AppState {
     pub admin_token: Secret,
     /// The intake's API clients (`http.clients`, `http.intake_auth`).
     pub clients: auth::IntakeClients,
+    /// Failed authentications on each listener, by client address.
+    pub intake_guard: auth_guard::AuthGuard,
+    pub admin_guard: auth_guard::AuthGuard,
     /// The ceiling of balances and amounts (`ledger.max_balance_cents`).
     pub max_balance_cents: i64,
     /// Kafka bootstrap servers and settings, for admin operations (DLT browsing, replay).
@@ -86,6 +93,7 @@ impl Listeners {
     /// When an address cannot be bound (taken, or not this host's), naming it and its key.
     pub fn bind(config: &HttpConfig) -> anyhow::Result<Self> {
         use anyhow::Context;
+        connections::raise_open_files(config);
         let bind = |addr: SocketAddr, key: &str| {
             std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr} ({key})"))
         };
@@ -122,15 +130,29 @@ pub fn intake_server(
     listener: std::net::TcpListener,
 ) -> std::io::Result<Bound> {
     let limit = config.body_limit_bytes;
+    let edge = web::Data::new(edge::Edge {
+        request_timeout: config.request_timeout,
+        trusted: config.trusted_networks(),
+        hosts: None,
+    });
+    let connections = connections::Connections::new(
+        "intake",
+        config.max_connections_per_address,
+        config.trusted_networks(),
+        &state.metrics,
+    );
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
+            .app_data(edge.clone())
             .app_data(json_config(limit))
             .app_data(web::PayloadConfig::new(limit))
             .app_data(web::PathConfig::default().error_handler(error::path_error))
             .app_data(web::QueryConfig::default().error_handler(error::query_error))
+            .wrap(from_fn(edge::guard_requests))
             .wrap(from_fn(error::json_errors))
             .wrap(from_fn(count_requests))
+            .route("/issuances", web::post().to(issuances::create_issuance))
             .route("/transfers", web::post().to(intake::create_transfer))
             .route("/transfers/{id}", web::get().to(intake::get_transfer))
             .route("/accounts", web::post().to(accounts::create_account))
@@ -141,9 +163,14 @@ pub fn intake_server(
             .default_service(web::to(openapi::intake_fallback))
     })
     .workers(config.workers)
+    .max_connections(per_worker(config.max_connections, config.workers))
+    .client_request_timeout(config.request_timeout)
     .disable_signals()
     .shutdown_timeout(10)
-    .on_connect(tls::peer_names);
+    .on_connect(move |connection, data| {
+        tls::peer_names(connection, data);
+        connections.admit(connection, data);
+    });
     let server = match tls::server_tls(&config.tls, "http.tls")? {
         Some(tls) => server.listen_rustls_0_23(listener, tls)?,
         None => server.listen(listener)?,
@@ -162,12 +189,19 @@ pub fn admin_server(
     listener: std::net::TcpListener,
 ) -> std::io::Result<Bound> {
     let limit = config.body_limit_bytes;
+    let edge = web::Data::new(edge::Edge {
+        request_timeout: config.request_timeout,
+        trusted: config.trusted_networks(),
+        hosts: Some(config.admin_hosts.clone()),
+    });
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
+            .app_data(edge.clone())
             .app_data(json_config(limit))
             .app_data(web::PathConfig::default().error_handler(error::path_error))
             .app_data(web::QueryConfig::default().error_handler(error::query_error))
+            .wrap(from_fn(edge::guard_requests))
             .wrap(from_fn(error::json_errors))
             .wrap(from_fn(count_requests))
             .configure(admin::routes)
@@ -176,6 +210,8 @@ pub fn admin_server(
             .default_service(web::to(openapi::admin_fallback))
     })
     .workers(1)
+    .max_connections(config.admin_max_connections)
+    .client_request_timeout(config.request_timeout)
     .disable_signals()
     .shutdown_timeout(5);
     let server = match tls::server_tls(&config.admin_tls.listener(), "http.admin_tls")? {
@@ -184,6 +220,11 @@ pub fn admin_server(
     };
     let addr = first_addr(&server.addrs(), config.admin_addr);
     Ok(Bound { server: server.run(), addr })
+}
+
+/// Each worker's share of a listener's connection cap (actix counts per worker).
+fn per_worker(total: usize, workers: usize) -> usize {
+    total.div_ceil(workers.max(1)).max(1)
 }
 
 fn first_addr(addrs: &[SocketAddr], fallback: SocketAddr) -> SocketAddr {

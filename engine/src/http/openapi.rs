@@ -15,7 +15,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::error::ApiError;
 use super::{
-    accounts, admin, admin_dead_letters, admin_dlt, console, dlt_replays, intake, orders, transfer_list, AppState,
+    accounts, admin, admin_dead_letters, admin_dlt, console, dlt_replays, intake, issuances, orders, transfer_list,
+    AppState,
 };
 
 /// The intake listener's document.
@@ -28,6 +29,7 @@ use super::{
         intake::get_transfer,
         accounts::create_account,
         accounts::get_account,
+        issuances::create_issuance,
         orders::create_order,
         orders::get_order,
         intake_document,

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
+use tally_actors::authority::Scope;
 use tally_actors::store::orders::{self, OrderIntake, OrderRequest};
 
 /// An order received; `externalReference` deduplicates it (per API client).
@@ -111,6 +112,7 @@ impl From<Order> for OrderView {
 #[utoipa::path(post, path = "/orders", tag = "intake", request_body = CreateOrderBody,
     responses((status = 201, description = "Received; `OrderReceived` queued.", body = OrderView),
         (status = 200, description = "The same order again.", body = OrderView),
+        (status = 403, description = "The client lacks the `orders:create` scope.", body = ErrorBody),
         (status = 409, description = "This externalReference came with another order.", body = ErrorBody),
         (status = 422, description = "A value breaks its rule.", body = ErrorBody)))]
 pub async fn create_order(
@@ -119,7 +121,8 @@ pub async fn create_order(
     req: HttpRequest,
     body: web::Json<CreateOrderBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let mut request = body.into_inner().validate(caller.name)?;
+    caller.require(Scope::OrdersCreate)?;
+    let mut request = body.into_inner().validate(caller.name.clone())?;
     request.adopts_anonymous = caller.adopts_anonymous;
     let traceparent = super::traceparent(&req);
     let mut conn = state.pool.get().await?;
@@ -147,6 +150,7 @@ pub async fn get_order(
     state: web::Data<AppState>,
     id: web::Path<Uuid>,
 ) -> Result<HttpResponse, ApiError> {
+    caller.require(Scope::Read)?;
     let mut conn = state.pool.get().await?;
     let order = orders::find_order(&mut conn, *id)
         .await?

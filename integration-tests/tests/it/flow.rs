@@ -315,32 +315,31 @@ async fn an_antifraud_pause_lasts_across_a_rebalance(protocol: GroupProtocol) {
 }
 
 /// The projection is monotonic: a late or contradictory event never moves a final state.
+/// A late copy of the transfer's own outcome changes nothing; a rejection the ledger never
+/// decided (signed with the daemon's key, as a neighbour holding it would) is poison.
 async fn late_events_never_move_a_final_status(protocol: GroupProtocol) {
-    use rdkafka::config::ClientConfig;
-    use rdkafka::producer::{FutureProducer, FutureRecord};
     let (env, app) = spawn_app_under(protocol, |_| {}).await;
     account(&app, "M-A", 1_000_000, "BRL").await;
     account(&app, "M-B", 0, "BRL").await;
     let id = transfer(&app, "M-A", "M-B", 500).await;
     let settled = final_state(&app, id).await;
     assert_eq!(settled["status"], "SETTLED");
-    let producer: FutureProducer =
-        ClientConfig::new().set("bootstrap.servers", env.bootstrap()).create().expect("producer");
-    let late = json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": "INSUFFICIENT_FUNDS", "rejectedAt": "2026-11-30T00:00:00Z" });
-    let payload = late.to_string();
-    producer
-        .send(FutureRecord::to("transfers.rejected").key("M-A").payload(&payload), std::time::Duration::from_secs(10))
-        .await
-        .map_err(|(e, _)| e)
-        .expect("produce a late rejection");
-    wait_until("the projection handles the late rejection", Deadline::DEFAULT, || async {
+    let upstream = env.upstream();
+    let late = json!({ "eventId": tally_schema::derived_event_id("settled", id), "transferId": id,
+                       "settledAt": "2026-11-30T00:00:00Z" });
+    upstream.signed("transfers.settled", None, "M-A", late.to_string().as_bytes(), "TransferSettled").await;
+    let contradicting = json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": "INSUFFICIENT_FUNDS",
+                                "rejectedAt": "2026-11-30T00:00:00Z" });
+    upstream.signed("transfers.rejected", None, "M-A", contradicting.to_string().as_bytes(), "TransferRejected").await;
+    wait_until("the projection handles both late events", Deadline::DEFAULT, || async {
         let m = app.metrics().await;
-        let unchanged =
-            metric_value(&m, r#"tally_records_total{outcome="unchanged",pipeline="projection"}"#).unwrap_or(0.0);
-        if unchanged >= 1.0 {
+        let outcome = |o: &str| {
+            metric_value(&m, &format!(r#"tally_records_total{{outcome="{o}",pipeline="projection"}}"#)).unwrap_or(0.0)
+        };
+        if outcome("unchanged") >= 1.0 && outcome("dead_lettered") >= 1.0 {
             Ok(())
         } else {
-            Err(format!("{unchanged} unchanged"))
+            Err(format!("{} unchanged, {} dead-lettered", outcome("unchanged"), outcome("dead_lettered")))
         }
     })
     .await;

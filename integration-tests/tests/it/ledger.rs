@@ -451,6 +451,7 @@ fn settle_request(from: &str, to: &str, amount: i64) -> SettleRequest {
         currency: "BRL".into(),
         score: 10,
         analyzed_at: chrono::Utc::now(),
+        client: None,
     };
     SettleRequest { transfer, traceparent: None }
 }

@@ -37,6 +37,7 @@ pub(crate) fn transfers(rng: &mut Rng, n: usize, accounts: usize) -> Vec<Transfe
                 currency: "BRL".into(),
                 score: 10,
                 analyzed_at: Utc::now(),
+                client: None,
             }
         })
         .collect()

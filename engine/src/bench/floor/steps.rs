@@ -61,6 +61,7 @@ pub async fn intake(
             amount_cents: amounts[i],
             currency: "BRL".into(),
             requested_at: now,
+            client: None,
         };
         events.id.push(event.event_id);
         events.topic.push(topic.to_owned());
@@ -171,6 +172,7 @@ pub async fn decide(
             currency: t.currency.clone(),
             score: 10,
             analyzed_at: now,
+            client: None,
         })
         .collect())
 }

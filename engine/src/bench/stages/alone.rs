@@ -133,6 +133,7 @@ fn antifraud(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> a
             amount_cents: 1 + (i % 1_000) as i64,
             currency: "BRL".into(),
             requested_at: Utc::now(),
+            client: None,
         };
         outgoing(&topic, event.source_account.clone(), &event, EventType::TransferRequested)
     }))?;

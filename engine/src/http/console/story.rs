@@ -174,6 +174,7 @@ mod tests {
                 created_at: at(0),
                 updated_at: at(40),
                 client: "shop".into(),
+                kind: "transfer".into(),
             },
             decision: Some(Decision {
                 transfer_id: id,

@@ -9,7 +9,7 @@ use tally_integration_tests::{antifraud_decisions, read_topic, Deadline, KafkaRe
 use uuid::Uuid;
 
 use super::daemon::Daemon;
-use super::load::{History, OPENING};
+use super::load::{History, ACCOUNTS, OPENING};
 use super::plan::Planned;
 use super::{offsets, CONSUMED};
 
@@ -40,7 +40,7 @@ pub(super) async fn check(env: &TestEnv, daemon: &Daemon, history: &History, pla
     let rows = db
         .query(
             "SELECT id, status, rejection_reason, source_account::text, destination_account::text, amount_cents, \
-             idempotency_key FROM transfers",
+             idempotency_key FROM transfers WHERE kind = 'transfer'",
             &[],
         )
         .await;
@@ -58,16 +58,29 @@ pub(super) async fn check(env: &TestEnv, daemon: &Daemon, history: &History, pla
             (r.get(0), t)
         })
         .collect();
-    let postings = db.query("SELECT transfer_id, account_id::text, kind::text, amount_cents FROM postings", &[]).await;
-    let postings: Vec<(Uuid, String, String, i64)> =
+    let postings = db
+        .query(
+            "SELECT p.transfer_id, p.account_id::text, p.kind::text, p.amount_cents, t.kind::text \
+             FROM postings p JOIN transfers t ON t.id = p.transfer_id",
+            &[],
+        )
+        .await;
+    let all_postings: Vec<(Uuid, String, String, i64)> =
         postings.iter().map(|p| (p.get(0), p.get(1), p.get(2), p.get(3))).collect();
+    // The transfers' own; issuance postings (the funding) are checked with the money.
+    let postings: Vec<(Uuid, String, String, i64)> = postings
+        .iter()
+        .filter(|p| p.get::<_, String>(4) == "transfer")
+        .map(|p| (p.get(0), p.get(1), p.get(2), p.get(3)))
+        .collect();
     let outcomes = outcome_events(env, history).await;
 
     // First: it waits until every group has consumed everything, poison included.
     let offsets = offsets::at_the_end(env).await;
     let mut checks = vec![idempotency(history, &stored), final_status(history, &stored)];
     checks.push(postings_agree(&stored, &postings));
-    checks.push(money(db.query("SELECT id::text, balance_cents FROM accounts", &[]).await, &postings));
+    checks.push(money(db.query("SELECT id::text, balance_cents, kind::text FROM accounts", &[]).await, &all_postings));
+    checks.push(super::owners::only_owners_debit(env, history).await);
     let decisions = antifraud_decisions(env.bootstrap(), Deadline::secs(30)).await.expect("read decisions");
     let violations = decisions
         .iter()
@@ -181,20 +194,29 @@ fn postings_agree(stored: &HashMap<Uuid, Stored>, postings: &[(Uuid, String, Str
     Check { name: "SETTLED: one D and one C of its amount; else none", checked: stored.len(), violations }
 }
 
-/// Money: conserved, never negative, balances equal opening + credits - debits.
+/// Money: every balance equals its postings (the funding is an issuance posting), no
+/// customer balance is negative, and the balances of all accounts, the issuance account
+/// included, sum to zero: what was issued is exactly the funding.
 fn money(accounts: Vec<tokio_postgres::Row>, postings: &[(Uuid, String, String, i64)]) -> Check {
     let mut violations = Vec::new();
     let mut total = 0_i64;
+    let mut issued = 0_i64;
     for a in &accounts {
-        let (id, balance): (String, i64) = (a.get(0), a.get(1));
+        let (id, balance, kind): (String, i64, String) = (a.get(0), a.get(1), a.get(2));
         total += balance;
         let moved: i64 = postings.iter().filter(|p| p.1 == id).map(|p| if p.2 == "C" { p.3 } else { -p.3 }).sum();
-        if balance < 0 || balance != OPENING + moved {
-            violations.push(format!("account {id}: balance {balance}, opening {OPENING} + postings {moved}"));
+        if kind == "issuance" {
+            issued -= balance;
+        }
+        if (kind == "customer" && balance < 0) || balance != moved {
+            violations.push(format!("account {id}: balance {balance}, postings {moved}"));
         }
     }
-    if total != OPENING * accounts.len() as i64 {
-        violations.push(format!("money not conserved: {total} in {} accounts", accounts.len()));
+    if total != 0 {
+        violations.push(format!("money not conserved: balances sum to {total} in {} accounts", accounts.len()));
+    }
+    if issued != OPENING * ACCOUNTS as i64 {
+        violations.push(format!("issued {issued}, the funding was {}", OPENING * ACCOUNTS as i64));
     }
     Check { name: "money conserved, no negative balance, balances = postings", checked: accounts.len(), violations }
 }

@@ -18,6 +18,23 @@ use super::plan::Fired;
 pub(super) const ACCOUNTS: usize = 8;
 pub(super) const OPENING: i64 = 1_000_000;
 pub(super) const CLIENTS: usize = 3;
+/// The API client that funds the accounts (the only one with the `issue` scope).
+pub(super) const ISSUER: &str = "chaos-issuer";
+
+/// The name of client `id` (`chaos-<id>`).
+pub(super) fn client_name(id: usize) -> String {
+    format!("chaos-{id}")
+}
+
+/// The bearer token of client `name`.
+pub(super) fn token_of(name: &str) -> String {
+    format!("{name}-token")
+}
+
+/// The client that owns account `C-<i>`: account `i` belongs to client `i % CLIENTS`.
+pub(super) fn owner_of(account: usize) -> usize {
+    account % CLIENTS
+}
 /// A transfer whose amount ends in these digits has its intake commit cut once (see
 /// `plan::cut_commits`): its first answer is 500 `outcome_unknown`, and its retry under
 /// the same key must make exactly one transfer.
@@ -108,21 +125,26 @@ pub(super) fn fails_first_delivery(seed: u64, key: &str) -> bool {
     hash(seed, key) % 5 == 0
 }
 
-/// The next request: mostly a transfer between two of the accounts, now and then one that
-/// cannot settle (more than the balance, an unknown account), a request the intake must
-/// refuse, or an order (its `externalReference` makes its retries idempotent).
-fn next_request(rng: &mut StdRng) -> (&'static str, Value) {
+/// The next request of client `client`: mostly a transfer from one of its accounts to any
+/// other, now and then one that cannot settle (more than the balance, an unknown
+/// account), one from another client's account (refused 403: not its to debit), a request
+/// the intake must refuse, or an order (its `externalReference` makes its retries
+/// idempotent).
+fn next_request(rng: &mut StdRng, client: usize) -> (&'static str, Value) {
     if rng.random_range(0..6) == 0 {
         let reference = format!("chaos-order-{}", uuid_from(rng).simple());
         let order = json!({ "externalReference": reference, "customerId": format!("cust-{}", rng.random_range(0..50)),
                             "amountCents": rng.random_range(1..100_000), "currency": "BRL" });
         return ("/orders", order);
     }
-    ("/transfers", next_transfer(rng))
+    ("/transfers", next_transfer(rng, client))
 }
 
-fn next_transfer(rng: &mut StdRng) -> Value {
-    let from = rng.random_range(0..ACCOUNTS);
+fn next_transfer(rng: &mut StdRng, client: usize) -> Value {
+    // Now and then someone else's account: refused, and nothing may move.
+    let foreign = rng.random_range(0..25) == 0;
+    let sources: Vec<usize> = (0..ACCOUNTS).filter(|a| (owner_of(*a) == client) != foreign).collect();
+    let from = sources[rng.random_range(0..sources.len())];
     let to = (from + rng.random_range(1..ACCOUNTS)) % ACCOUNTS;
     let amount = match rng.random_range(0..100) {
         0..=4 => OPENING * 3,
@@ -156,7 +178,7 @@ pub(super) async fn client(id: usize, seed: u64, started: Instant, daemons: Vec<
     let http = reqwest::Client::builder().timeout(Duration::from_secs(3)).build().expect("http client");
     let mut rng = StdRng::seed_from_u64(seed ^ (id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     while !progress.stop.load(Ordering::SeqCst) {
-        let (path, request) = next_request(&mut rng);
+        let (path, request) = next_request(&mut rng, id);
         // Drawn whatever the answers are, so that the stream of requests is the seed's.
         let mut key = uuid_from(&mut rng).to_string();
         let repeat_key = uuid_from(&mut rng).to_string();
@@ -197,7 +219,13 @@ async fn send(
         let base = &daemons[(attempt as usize + id) % daemons.len()];
         let sent_ms = started.elapsed().as_millis();
         progress.in_flight.fetch_add(1, Ordering::SeqCst);
-        let sent = http.post(format!("{base}{path}")).header("Idempotency-Key", key).json(request).send().await;
+        let sent = http
+            .post(format!("{base}{path}"))
+            .header("Idempotency-Key", key)
+            .bearer_auth(token_of(&client_name(id)))
+            .json(request)
+            .send()
+            .await;
         let (status, response) = match sent {
             Ok(r) => {
                 let status = r.status().as_u16();

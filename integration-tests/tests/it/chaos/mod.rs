@@ -49,6 +49,7 @@ mod load;
 mod notified;
 mod offsets;
 mod order;
+mod owners;
 mod plan;
 mod tamper;
 
@@ -70,6 +71,26 @@ const SECRET: &str = "chaos-webhook-secret";
 /// The topics tally consumes: poison and duplicates go to each in turn.
 const CONSUMED: [&str; 5] =
     ["transfers.requested", "transfers.analyzed", "transfers.settled", "transfers.rejected", "orders.received"];
+
+/// The daemons' configuration file: an authenticated intake, a client per load client
+/// (every scope but `issue`) and the issuer (`accounts:open`, `issue`, `read`).
+fn clients_config() -> std::path::PathBuf {
+    use sha2::Digest;
+    let digest = |name: &str| hex::encode(sha2::Sha256::digest(load::token_of(name).as_bytes()));
+    let mut toml = String::from("[http]\nintake_auth = true\n");
+    for id in 0..CLIENTS {
+        let name = load::client_name(id);
+        toml.push_str(&format!("[[http.clients]]\nname = \"{name}\"\ntoken_sha256 = \"{}\"\n", digest(&name)));
+    }
+    toml.push_str(&format!(
+        "[[http.clients]]\nname = \"{}\"\ntoken_sha256 = \"{}\"\nscopes = [\"accounts:open\", \"issue\", \"read\"]\n",
+        load::ISSUER,
+        digest(load::ISSUER)
+    ));
+    let path = std::env::temp_dir().join(format!("tally-chaos-{}.toml", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, toml).expect("write the chaos configuration");
+    path
+}
 
 /// What one run does besides the load.
 struct Profile {
@@ -156,9 +177,12 @@ async fn run(seed: u64, profile: &Profile) -> Run {
         env.broker.create_topic_if_missing(&spec.name, spec.partitions, 1).expect("topic");
     }
     let fault = ("TALLY_FAULT", profile.fault.unwrap_or(""));
+    let clients_config = clients_config();
+    let clients_config = clients_config.to_str().expect("a UTF-8 path");
     let webhook = [
         ("TALLY__NOTIFICATIONS__WEBHOOK_URL", receiver.url.as_str()),
         ("TALLY__NOTIFICATIONS__WEBHOOK_SECRET", SECRET),
+        ("TALLY_CONFIG", clients_config),
         fault,
     ];
     let mut daemons = vec![
@@ -166,7 +190,12 @@ async fn run(seed: u64, profile: &Profile) -> Run {
         Daemon::new(
             "b",
             seed,
-            &[("TALLY__PIPELINES__OUTBOX", "false"), ("TALLY__PIPELINES__NOTIFICATIONS", "false"), fault],
+            &[
+                ("TALLY__PIPELINES__OUTBOX", "false"),
+                ("TALLY__PIPELINES__NOTIFICATIONS", "false"),
+                ("TALLY_CONFIG", clients_config),
+                fault,
+            ],
         ),
     ];
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("http client");
@@ -176,14 +205,25 @@ async fn run(seed: u64, profile: &Profile) -> Run {
     for d in &daemons {
         d.wait_ready(&http).await;
     }
+    // Each client opens its own accounts; the issuer funds them.
     for i in 0..ACCOUNTS {
+        let owner = load::client_name(load::owner_of(i));
         let res = http
             .post(format!("{}/accounts", daemons[0].intake))
-            .json(&json!({ "id": format!("C-{i}"), "currency": "BRL", "initialBalanceCents": OPENING }))
+            .bearer_auth(load::token_of(&owner))
+            .json(&json!({ "id": format!("C-{i}"), "currency": "BRL", "initialBalanceCents": 0 }))
             .send()
             .await
             .expect("create account");
         assert_eq!(res.status(), 201, "create account C-{i}");
+        let res = http
+            .post(format!("{}/issuances", daemons[0].intake))
+            .bearer_auth(load::token_of(load::ISSUER))
+            .json(&json!({ "destinationAccount": format!("C-{i}"), "amountCents": OPENING, "currency": "BRL" }))
+            .send()
+            .await
+            .expect("fund account");
+        assert_eq!(res.status(), 201, "fund account C-{i}");
     }
 
     let history = Arc::new(Mutex::new(History::default()));

@@ -54,6 +54,7 @@ pub(super) async fn every_check_can_fail(env: &TestEnv, daemon: &Daemon, mut his
         ("status, stored decision and outcome event agree", format!("transfer {settled} SETTLED")),
         ("every poison record dead-lettered, and nothing else", "without being poison: not poison".into()),
         ("no forged event moved money or changed a status", format!("({})", super::inject::FORGED_REASON)),
+        ("only owners debit, only the issuer issues", "of chaos-nobody debited".into()),
         ("every accepted order received exactly once", format!("order {order} ")),
         ("every final transfer notified once, signed, as published", "bad signature on".into()),
         ("per key, requests published in the order clients saw them", "published after".into()),
@@ -78,6 +79,8 @@ pub(super) async fn every_check_can_fail(env: &TestEnv, daemon: &Daemon, mut his
                          "rejectedAt": "2026-11-30T00:00:00Z" });
     tally_integration_tests::produce(&producer, "transfers.rejected", None, "C-0", second.to_string().as_bytes(), &[])
         .await;
+    // Owners: a settled transfer claimed by a client that owns nothing.
+    db.execute("UPDATE transfers SET client = 'chaos-nobody' WHERE id = $1", &[&settled]).await;
     // Forged events: a transfer takes a forged rejection's reason.
     db.execute("UPDATE transfers SET rejection_reason = $2 WHERE id = $1", &[&keyed, &super::inject::FORGED_REASON])
         .await;

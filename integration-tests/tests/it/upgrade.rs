@@ -1,0 +1,130 @@
+//! Upgrading a database across the migration that made opening balances issuance: the
+//! expand step turns every opening balance into an issuance with postings and keeps an
+//! older release's writes working (its POST /accounts still inserts a balance, which is
+//! issued as it lands); the contract step, once no older release runs, drops what only
+//! that release wrote. The ledger check holds at every step.
+#![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
+
+use std::path::Path;
+
+use tally_actors::store::migrate;
+use tally_integration_tests::{TestDb, DEFAULT_DATABASE_URL};
+
+/// The migration that made opening balances issuance: everything before it is the older
+/// release's schema.
+const ISSUANCE: &str = "2026-12-04-000010_owners_and_issuance";
+
+/// A fresh, empty database on the test server.
+async fn empty_database() -> (String, String, tokio_postgres::Client) {
+    let admin_url = std::env::var("TALLY_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
+    let name = format!("tally_upgrade_{}", uuid::Uuid::new_v4().simple());
+    let (admin, connection) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    admin.batch_execute(&format!("CREATE DATABASE \"{name}\"")).await.expect("create database");
+    let url = format!("{}/{name}", admin_url.rsplit_once('/').map_or(admin_url.as_str(), |(base, _)| base));
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    (url, name, client)
+}
+
+/// Applies every migration before [`ISSUANCE`] as the older release did, recording each in
+/// diesel's table as its harness does.
+async fn migrate_as_the_older_release(client: &tokio_postgres::Client) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).expect("migrations").filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+    names.sort();
+    client
+        .batch_execute(
+            "CREATE TABLE __diesel_schema_migrations (version VARCHAR(50) PRIMARY KEY NOT NULL, \
+             run_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+        )
+        .await
+        .expect("diesel's table");
+    for name in names.iter().take_while(|n| n.as_str() < ISSUANCE) {
+        let sql = std::fs::read_to_string(dir.join(name).join("up.sql")).expect("up.sql");
+        client.batch_execute(&format!("BEGIN; {sql}; COMMIT;")).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let version: String = name.chars().filter(char::is_ascii_digit).take(14).collect();
+        client
+            .execute("INSERT INTO __diesel_schema_migrations (version) VALUES ($1)", &[&version])
+            .await
+            .expect("record");
+    }
+}
+
+async fn check(url: &str) -> serde_json::Value {
+    use diesel_async::AsyncConnection;
+    let mut conn = diesel_async::AsyncPgConnection::establish(url).await.expect("diesel connection");
+    let check = tally_actors::store::invariants::check_ledger(&mut conn).await.expect("ledger check");
+    serde_json::to_value(check).expect("json")
+}
+
+async fn scalar(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_balances_become_issuance_and_an_older_release_keeps_working() {
+    let db = TestDb::new().await; // the logging, and a client on the server
+    let (url, name, client) = empty_database().await;
+    migrate_as_the_older_release(&client).await;
+    // The older release's data: accounts opened with balances, one transfer settled.
+    client
+        .batch_execute(
+            "INSERT INTO accounts (id, balance_cents, currency, opening_balance_cents) \
+               VALUES ('A', 1000, 'BRL', 1000), ('B', 0, 'BRL', 0), ('U', 500, 'USD', 500); \
+             INSERT INTO transfers (id, source_account, destination_account, amount_cents, currency, status) \
+               VALUES ('00000000-0000-0000-0000-000000000001', 'A', 'B', 300, 'BRL', 'SETTLED'); \
+             INSERT INTO antifraud_decisions (transfer_id, source_account, destination_account, amount_cents, \
+               currency, outcome, score, requested_at) \
+               VALUES ('00000000-0000-0000-0000-000000000001', 'A', 'B', 300, 'BRL', 'ANALYZED', 5, now()); \
+             INSERT INTO processed_transfers (transfer_id, outcome) VALUES ('00000000-0000-0000-0000-000000000001', 'SETTLED'); \
+             INSERT INTO postings (transfer_id, account_id, kind, amount_cents) VALUES \
+               ('00000000-0000-0000-0000-000000000001', 'A', 'D', 300), ('00000000-0000-0000-0000-000000000001', 'B', 'C', 300); \
+             UPDATE accounts SET balance_cents = 700 WHERE id = 'A'; UPDATE accounts SET balance_cents = 300 WHERE id = 'B';",
+        )
+        .await
+        .expect("the older release's data");
+
+    // Expand: what `tally run` of this release applies at start.
+    let applied = migrate::prepare_blocking(&url).expect("expand");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    let after = check(&url).await;
+    assert_eq!(after["ok"], true, "{after}");
+    assert_eq!(scalar(&client, "SELECT balance_cents FROM accounts WHERE id = 'issuance:BRL'").await, -1000);
+    assert_eq!(scalar(&client, "SELECT balance_cents FROM accounts WHERE id = 'issuance:USD'").await, -500);
+    assert_eq!(scalar(&client, "SELECT count(*) FROM transfers WHERE kind = 'issuance'").await, 2);
+    assert_eq!(scalar(&client, "SELECT balance_cents FROM accounts WHERE id = 'A'").await, 700, "balances kept");
+
+    // An instance of the older release, still running during the rolling upgrade, opens
+    // an account the way it did: the balance is issued as it lands.
+    client
+        .execute(
+            "INSERT INTO accounts (id, balance_cents, currency, opening_balance_cents, created_at) \
+             VALUES ('OLD', 250, 'BRL', 250, now())",
+            &[],
+        )
+        .await
+        .expect("the older release's insert");
+    let after = check(&url).await;
+    assert_eq!(after["ok"], true, "{after}");
+    assert_eq!(scalar(&client, "SELECT balance_cents FROM accounts WHERE id = 'issuance:BRL'").await, -1250);
+    // The older release's own check still holds on the new schema.
+    let older = scalar(&client, "SELECT (sum(balance_cents) - sum(opening_balance_cents))::bigint FROM accounts").await;
+    assert_eq!(older, 0, "the older release's money check");
+
+    // Contract, once no older instance runs.
+    let applied = migrate::contract_blocking(&url).expect("contract");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    let column = "SELECT count(*) FROM information_schema.columns WHERE table_name = 'accounts' AND column_name = 'opening_balance_cents'";
+    assert_eq!(scalar(&client, column).await, 0);
+    client
+        .execute("INSERT INTO accounts (id, balance_cents, currency, owner) VALUES ('NEW', 40, 'BRL', 'shop')", &[])
+        .await
+        .expect("an insert after the contract");
+    let after = check(&url).await;
+    assert_eq!(after["ok"], true, "{after}");
+    assert_eq!(migrate::prepare_blocking(&url).expect("a start after the contract"), Vec::<String>::new());
+    drop(client);
+    db.execute(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"), &[]).await;
+}
