@@ -17,8 +17,12 @@ use tally_schema::EventType;
 use uuid::Uuid;
 
 use super::idempotency;
+
+mod refusals;
+
 use super::outbox::{self, OutboxColumns};
-use crate::authority::{AccountRef, Principal, Scopes};
+use refusals::refusals;
+pub use refusals::Refusal;
 
 /// A validated transfer request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,15 +55,6 @@ pub enum Created {
     Refused(Refusal),
 }
 
-/// Why the intake refuses a transfer request before writing anything.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
-    /// The source account is not the client's (or does not exist: the same answer).
-    Debit(String),
-    /// The destination is an issuance account, which moves only by issuance.
-    Credit(String),
-}
-
 /// Kind of a `TransferRequested` event id: derived from the transfer id like every other
 /// event of a transfer, so its outbox row is found by primary key.
 pub const REQUESTED_KIND: &str = "requested";
@@ -76,13 +71,6 @@ pub struct Intake {
     /// Unique per client.
     pub idempotency_key: Option<String>,
     pub traceparent: Option<String>,
-}
-
-impl Intake {
-    /// Who debits the source account, for [`crate::authority`].
-    fn debitor(&self) -> Principal {
-        Principal { name: self.client.clone(), scopes: Scopes::default(), adopts_anonymous: self.adopts_anonymous }
-    }
 }
 
 /// Inserts the transfers (PENDING) of `batch` and their `TransferRequested` outbox rows in
@@ -126,37 +114,6 @@ pub async fn create_transfers(
         .scope_boxed()
     })
     .await
-}
-
-/// Why each request of `batch` is refused, if it is: its client may debit its source and
-/// credit its destination ([`crate::authority::Principal`]), as the accounts are now (an
-/// account's owner and kind never change).
-async fn refusals(
-    conn: &mut AsyncPgConnection,
-    batch: &[Intake],
-) -> Result<Vec<Option<Refusal>>, diesel::result::Error> {
-    let ids: Vec<&str> = batch
-        .iter()
-        .flat_map(|i| [i.request.source_account.as_str(), i.request.destination_account.as_str()])
-        .collect();
-    let accounts = super::accounts::refs(conn, &ids).await?;
-    let of = |id: &str| accounts.get(id).map(|(owner, kind)| AccountRef { owner, kind });
-    Ok(batch
-        .iter()
-        .map(|intake| {
-            let request = &intake.request;
-            if !intake.debitor().may_debit(of(&request.source_account).as_ref()) {
-                return Some(Refusal::Debit(request.source_account.clone()));
-            }
-            match of(&request.destination_account) {
-                Some(destination) if !intake.debitor().may_credit(&destination) => {
-                    Some(Refusal::Credit(request.destination_account.clone()))
-                }
-                // An unknown destination is the ledger's ACCOUNT_NOT_FOUND, as before.
-                _ => None,
-            }
-        })
-        .collect())
 }
 
 /// Writes the requests of `batch`, every one of which is allowed, inside the caller's
