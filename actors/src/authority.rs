@@ -163,24 +163,28 @@ impl Principal {
         account.kind == CUSTOMER
     }
 
-    /// Whether it may read an account owned by `owner` (balance and postings).
+    /// Whether it may read `account` (balance and postings): its owner a customer account;
+    /// an issuer (the `issue` scope) an issuance account, whose postings are every issuance.
     #[must_use]
-    pub fn may_read_account(&self, owner: &str) -> bool {
-        self.owns(owner)
+    pub fn may_read_account(&self, account: &AccountRef<'_>) -> bool {
+        match account.kind {
+            CUSTOMER => self.owns(account.owner),
+            _ => self.may(Scope::Issue),
+        }
     }
 
-    /// Whether it may read a transfer created by `creator` between accounts owned by
-    /// `source_owner` and `destination_owner` (`None` when no such account).
+    /// Whether it may read a transfer created by `creator` between `source` and
+    /// `destination` (`None` when no such account): its creator and the owners of its
+    /// customer accounts (an issuance account's owner reads nothing through it).
     #[must_use]
     pub fn may_read_transfer(
         &self,
         creator: &str,
-        source_owner: Option<&str>,
-        destination_owner: Option<&str>,
+        source: Option<&AccountRef<'_>>,
+        destination: Option<&AccountRef<'_>>,
     ) -> bool {
-        self.owns(creator)
-            || source_owner.is_some_and(|o| self.owns(o))
-            || destination_owner.is_some_and(|o| self.owns(o))
+        let party = |a: Option<&AccountRef<'_>>| a.is_some_and(|a| a.kind == CUSTOMER && self.owns(a.owner));
+        self.owns(creator) || party(source) || party(destination)
     }
 }
 
@@ -212,11 +216,19 @@ mod tests {
     fn reads_are_the_owners_and_the_parties() {
         let (a, b, c) =
             (client("a", Scopes::ordinary()), client("b", Scopes::ordinary()), client("c", Scopes::ordinary()));
-        assert!(a.may_read_account("a") && !b.may_read_account("a"));
-        assert!(a.may_read_transfer("a", Some("a"), Some("b")), "the payer");
-        assert!(b.may_read_transfer("a", Some("a"), Some("b")), "the payee");
-        assert!(!c.may_read_transfer("a", Some("a"), Some("b")), "a third party");
+        let b_account = AccountRef { owner: "b", kind: CUSTOMER };
+        assert!(a.may_read_account(&A_ACCOUNT) && !b.may_read_account(&A_ACCOUNT));
+        assert!(a.may_read_transfer("a", Some(&A_ACCOUNT), Some(&b_account)), "the payer");
+        assert!(b.may_read_transfer("a", Some(&A_ACCOUNT), Some(&b_account)), "the payee");
+        assert!(!c.may_read_transfer("a", Some(&A_ACCOUNT), Some(&b_account)), "a third party");
         assert!(!c.may_read_transfer("a", None, None));
+        // The issuance account's owner ('') is nobody: the anonymous caller and an adopting
+        // client read no issuance account and no issuance through it.
+        let anonymous = Principal::anonymous(Scopes::ordinary());
+        assert!(!anonymous.may_read_account(&ISSUER));
+        assert!(!anonymous.may_read_transfer("issuer", Some(&ISSUER), Some(&b_account)));
+        assert!(b.may_read_transfer("issuer", Some(&ISSUER), Some(&b_account)), "the credited client sees its top-up");
+        assert!(client("i", Scopes::all()).may_read_account(&ISSUER), "an issuer reads the issuance account");
     }
 
     #[test]
@@ -226,8 +238,9 @@ mod tests {
         assert!(!anonymous.may_debit(Some(&A_ACCOUNT)), "not a client's account");
         let adopting = Principal { adopts_anonymous: true, ..client("a", Scopes::ordinary()) };
         assert!(adopting.may_debit(Some(&AccountRef { owner: "", kind: CUSTOMER })));
-        assert!(adopting.may_read_account("") && adopting.may_read_account("a"));
-        assert!(!client("b", Scopes::ordinary()).may_read_account(""));
+        let anonymous_account = AccountRef { owner: "", kind: CUSTOMER };
+        assert!(adopting.may_read_account(&anonymous_account) && adopting.may_read_account(&A_ACCOUNT));
+        assert!(!client("b", Scopes::ordinary()).may_read_account(&anonymous_account));
     }
 
     #[test]

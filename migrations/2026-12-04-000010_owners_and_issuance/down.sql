@@ -19,6 +19,7 @@ END;
 $$;
 ALTER TABLE transfers DROP COLUMN kind;
 ALTER TABLE accounts DROP CONSTRAINT accounts_balance_sign;
+ALTER TABLE accounts DROP CONSTRAINT accounts_issuance_name;
 ALTER TABLE accounts ADD CONSTRAINT accounts_balance_cents_check CHECK (balance_cents >= 0);
 ALTER TABLE accounts DROP COLUMN kind;
 ALTER TABLE accounts DROP COLUMN owner;

@@ -28,6 +28,10 @@ ALTER TABLE accounts ADD COLUMN kind VARCHAR(10) NOT NULL DEFAULT 'customer'
 ALTER TABLE accounts DROP CONSTRAINT accounts_balance_cents_check;
 ALTER TABLE accounts ADD CONSTRAINT accounts_balance_sign
     CHECK (CASE kind WHEN 'issuance' THEN balance_cents <= 0 ELSE balance_cents >= 0 END);
+-- The name is the kind: no customer account (not even one an older release opens during
+-- the upgrade) can take an issuance account's name.
+ALTER TABLE accounts ADD CONSTRAINT accounts_issuance_name
+    CHECK ((kind = 'issuance') = (id LIKE 'issuance:%'));
 ALTER TABLE transfers ADD COLUMN kind VARCHAR(10) NOT NULL DEFAULT 'transfer'
     CHECK (kind IN ('transfer', 'issuance'));
 
@@ -57,7 +61,7 @@ BEGIN
     SELECT t, a, 'C', n, w FROM unnest(transfer_ids, accounts, amounts, at) AS u(t, a, n, w);
     UPDATE accounts AS i SET balance_cents = i.balance_cents - s.total
     FROM (SELECT 'issuance:' || c AS id, sum(n) AS total FROM unnest(currencies, amounts) AS u(c, n) GROUP BY 1) AS s
-    WHERE i.id = s.id;
+    WHERE i.id = s.id AND i.kind = 'issuance';
 END;
 $$;
 

@@ -5,35 +5,30 @@
 //! a dead letter the DLT refuses to the `dead_letters` table). Every wait holds the
 //! partitions without leaving the group ([`Hold`]).
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{SubsecRound, Utc};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
-use tally_schema::events::TransferRequested;
 use tally_schema::headers;
 use tracing::{error, warn};
-use uuid::Uuid;
 
-use super::decisions::{self, Decision};
 use super::hold::{drop_partitions, rewind, Hold, OfRecord};
 use super::output::{self, Hops, Output};
 use super::txn::{
     finish, lost_membership, new_producer, next_offsets, recovery, transact, Phase, Recovery, TxnFailure, TxnProducer,
 };
-use super::{AntifraudSpec, LoopIo, RiskEngine, BLOCKED_BY_ANTIFRAUD, PIPELINE};
+use super::{AntifraudSpec, LoopIo, PIPELINE};
 use crate::metrics::Metrics;
 use crate::record::Record;
-use crate::store;
-use crate::store::known::Taken;
-use crate::supervise::HandlerError;
 use refused::{set_aside, Parts};
 
+mod decided;
 mod refused;
+
+pub(super) use decided::{decide, Decided};
 
 /// One input record and what the stage writes for it.
 pub(super) struct Item {
@@ -47,67 +42,6 @@ pub(super) struct Item {
 impl OfRecord for Item {
     fn record(&self) -> &Record {
         &self.record
-    }
-}
-
-/// The decisions of a batch, and the transfers it refuses to decide.
-#[derive(Debug, Default)]
-pub(super) struct Decided {
-    pub decisions: HashMap<Uuid, Decision>,
-    /// What the intake took under each transfer id of the batch that it took. A request
-    /// under an id it never took, or asking for other accounts, amount or currency, is
-    /// poison: nothing is decided or stored for it.
-    pub taken: HashMap<Uuid, Taken>,
-}
-
-impl Decided {
-    /// Why the request `t` is refused, if it is.
-    fn refusal(&self, t: &TransferRequested) -> Option<&'static str> {
-        match self.taken.get(&t.transfer_id) {
-            None => Some(UNKNOWN_TRANSFER),
-            Some(row) if !row.matches(t) => Some(CONTRADICTS_TRANSFER),
-            Some(_) => None,
-        }
-    }
-}
-
-/// Why antifraud refuses a request whose transfer id the intake never took.
-pub(super) const UNKNOWN_TRANSFER: &str = "unknown transfer: the intake never took it";
-/// Why antifraud refuses a request that asks for other than what the intake took.
-pub(super) const CONTRADICTS_TRANSFER: &str =
-    "contradicts the transfer: other accounts, amount or currency than the intake took";
-
-/// The decision of every decoded transfer of the batch that the intake took as requested:
-/// stored ones as they are, new ones scored and stored first. Rebuilds the velocity window
-/// first after an assignment. Waits out database failures with capped backoff, holding its
-/// partitions (records of partitions revoked meanwhile leave `batch`); `None` when the
-/// stage stops meanwhile.
-pub(super) fn decide(io: &LoopIo<'_>, batch: &mut Vec<Record>, risk: &mut dyn RiskEngine) -> Option<Decided> {
-    let mut hold = None;
-    let mut attempt = 0_u32;
-    loop {
-        let inputs: Vec<TransferRequested> = batch.iter().filter_map(|r| output::decode(r).ok()).collect();
-        if inputs.is_empty() {
-            // Nothing to decide (every record is poison, or none is left): no database.
-            return Some(Decided::default());
-        }
-        let requests: Vec<&TransferRequested> = inputs.iter().collect();
-        match io.runtime.block_on(decide_stored(io, &requests, risk)) {
-            Ok(decided) => return Some(decided),
-            Err(e) => {
-                attempt += 1;
-                warn!(pipeline = PIPELINE, error = %e, attempt, "Cannot read or store antifraud decisions; retrying.");
-                if io.stopping.load(Ordering::Relaxed) {
-                    return None;
-                }
-                io.metrics.retries_total.with_label_values(&[PIPELINE]).inc();
-                let revoked = hold.get_or_insert_with(|| Hold::begin(io.consumer)).wait(io, backoff(io.spec, attempt));
-                drop_partitions(batch, &revoked);
-                if io.stopping.load(Ordering::Relaxed) {
-                    return None;
-                }
-            }
-        }
     }
 }
 
@@ -143,52 +77,7 @@ pub(super) fn outputs(batch: Vec<Record>, decided: &Decided, spec: &AntifraudSpe
         .collect()
 }
 
-async fn decide_stored(
-    io: &LoopIo<'_>,
-    requests: &[&TransferRequested],
-    risk: &mut dyn RiskEngine,
-) -> Result<Decided, HandlerError> {
-    let mut conn = io.pool.get().await.map_err(|e| HandlerError::classified("no database connection", &e))?;
-    let db = |e: diesel::result::Error| HandlerError::classified("antifraud decisions", &e);
-    if io.consumer.context().assigned.load(Ordering::Relaxed) {
-        if let Some(window) = risk.window() {
-            let recent = store::decisions::recent(&mut conn, window).await.map_err(db)?;
-            risk.rebuild(
-                &recent.into_iter().map(|r| (r.source_account, r.transfer_id, r.requested_at)).collect::<Vec<_>>(),
-            );
-        }
-        io.consumer.context().assigned.store(false, Ordering::Relaxed);
-    }
-    let mut seen = HashSet::new();
-    let ids: Vec<Uuid> = requests.iter().map(|t| t.transfer_id).filter(|id| seen.insert(*id)).collect();
-    // Only what the intake took is decided: a request under an id it never took, or
-    // asking for other than it took, moves nothing and is stored nowhere.
-    let mut decided = Decided { taken: store::known::taken(&mut conn, &ids).await.map_err(db)?, ..Decided::default() };
-    let requests: Vec<&TransferRequested> = requests.iter().copied().filter(|t| decided.refusal(t).is_none()).collect();
-    let requests = requests.as_slice();
-    let ids: Vec<Uuid> = ids.into_iter().filter(|id| decided.taken.contains_key(id)).collect();
-    let mut stored = store::decisions::load(&mut conn, &ids).await.map_err(db)?;
-    let rescore = crate::faults::is_on(crate::faults::Fault::Rescore);
-    if rescore {
-        // Broken on purpose (test builds only): every delivery is scored again.
-        stored.clear();
-    }
-    // Stored with microsecond precision: keep the same precision, so the first delivery
-    // and every later one publish the same time.
-    let now = Utc::now().trunc_subsecs(6);
-    let (mut all, new) =
-        decisions::decide_batch(requests, &stored, risk, io.spec.block_limit, BLOCKED_BY_ANTIFRAUD, now);
-    let inserted = store::decisions::store(&mut conn, &new).await.map_err(db)?;
-    let lost: Vec<Uuid> = new.iter().map(|d| d.transfer_id).filter(|id| !inserted.contains(id)).collect();
-    if !lost.is_empty() && !rescore {
-        // Another instance decided these first: its decision stands.
-        all.extend(store::decisions::load(&mut conn, &lost).await.map_err(db)?);
-    }
-    decided.decisions = all;
-    Ok(decided)
-}
-
-fn backoff(spec: &AntifraudSpec, attempt: u32) -> Duration {
+pub(super) fn backoff(spec: &AntifraudSpec, attempt: u32) -> Duration {
     spec.retry.backoff(attempt.min(spec.retry.max_retries.max(1))).unwrap_or(spec.retry.max)
 }
 

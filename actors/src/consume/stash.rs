@@ -60,8 +60,13 @@ pub(super) fn is_ready(shared: &DriverState, slot: &Slot, record: &Record) -> bo
     is_due(shared, record) && slot.admits(record.offset, shared.spec.max_uncommitted)
 }
 
-/// Whether `record` may be handled now (always, unless the pipeline reads a due header).
+/// Whether `record` may be handled now (always, unless the pipeline reads a due header). A
+/// record that is poison already (unsigned, malformed) is due at once: its due header is
+/// no more to be believed than the rest of it, and it must not hold its partition.
 pub(super) fn is_due(shared: &DriverState, record: &Record) -> bool {
+    if record.defect.is_some() {
+        return true;
+    }
     let Some(header) = shared.spec.due_header.as_deref() else { return true };
     let Some(due) = record.header_str(header).and_then(|v| v.parse::<i64>().ok()) else { return true };
     due <= chrono::Utc::now().timestamp_millis()

@@ -10,13 +10,15 @@
 //!    RETURNING transfer_id`, in transfer id order (so batches sharing redelivered
 //!    transfers cannot deadlock); a transfer whose row was not inserted is a duplicate and
 //!    has no effect.
-//! 2. Lock every account involved, `ORDER BY id FOR UPDATE`: every transaction locks in the
-//!    same global order, so concurrent batches (and A->B against B->A) cannot deadlock.
-//! 3. Read what the system of record holds of the batch's transfers: the intake's
+//! 2. With it, read what the system of record holds of the batch's transfers: the intake's
 //!    `transfers` rows and antifraud's stored decisions. The ledger acts only on a transfer
 //!    the intake took, still PENDING, with an ANALYZED decision, the event matching both
 //!    (accounts, amount, currency); any other event is refused as poison and its inbox
 //!    claim undone ([`super::plan::admits`]).
+//! 3. Lock the accounts of the admitted transfers, `ORDER BY id FOR UPDATE`: every
+//!    transaction locks in the same global order, so concurrent batches (and A->B against
+//!    B->A) cannot deadlock. An issuance account is never locked here: a transfer naming
+//!    one finds it missing (ACCOUNT_NOT_FOUND), and only issuance moves it.
 //! 4. Rules in memory, in batch order, on running balances, so two transfers of one batch
 //!    touching the same account see each other's effect: ACCOUNT_NOT_FOUND,
 //!    CURRENCY_MISMATCH, INSUFFICIENT_FUNDS, BALANCE_LIMIT_EXCEEDED (a credit past the
@@ -24,8 +26,9 @@
 //! 5. Set-based writes: postings (D and C), balances, outcomes, outbox events, and the
 //!    release of refused transfers' inbox claims.
 //!
-//! Five round trips a batch: `BEGIN`; the inbox; the locks and the read of step 3, sent
-//! together; the four writes, sent together; `COMMIT` (see [`crate::store::Sent`]).
+//! Five round trips a batch: `BEGIN`; the inbox and the read of step 2, sent together; the
+//! locks of the admitted transfers' accounts; the writes, sent together; `COMMIT` (see
+//! [`crate::store::Sent`]).
 
 use std::collections::HashSet;
 
@@ -36,7 +39,8 @@ use futures_util::{FutureExt, TryFutureExt};
 use tally_schema::events::TransferAnalyzed;
 use uuid::Uuid;
 
-use super::plan::{plan_batch, Effects, Refusal};
+use super::plan::{admits, plan_batch, Effects, Refusal};
+use crate::authority::ISSUANCE_PREFIX;
 use crate::store::{accounts, known, outbox, Sent};
 
 /// Rejection reasons of the ledger.
@@ -104,30 +108,31 @@ pub async fn settle_batch(
             // Inbox rows for the distinct transfer ids of the batch.
             let mut seen = HashSet::new();
             let ids: Vec<Uuid> = batch.iter().map(|r| r.transfer.transfer_id).filter(|id| seen.insert(*id)).collect();
-            let fresh = accounts::claim_inbox(conn, &ids).await?;
-            // Broken on purpose (test builds only): every transfer counts as new.
+            // The inbox claim and the read of the system of record go in one round trip.
+            let (fresh, mut known) = try_join(accounts::claim_inbox(conn, &ids), known::load_known(conn, &ids)).await?;
             let fresh: HashSet<Uuid> = if crate::faults::is_on(crate::faults::Fault::SkipInbox) {
+                // Broken on purpose (test builds only): every transfer counts as new, and
+                // no final status is noticed.
+                for k in known.values_mut().filter(|k| k.status.is_some()) {
+                    k.status = Some(tally_schema::models::status::PENDING.into());
+                }
                 ids.iter().copied().collect()
             } else {
                 fresh
             };
+            // Only the accounts of what the system of record admits are locked: a refused
+            // event takes no lock, and no issuance account is ever locked here (a transfer
+            // naming one finds it missing: ACCOUNT_NOT_FOUND).
             let mut account_ids: Vec<String> = batch
                 .iter()
                 .filter(|r| fresh.contains(&r.transfer.transfer_id))
+                .filter(|r| admits(known.get(&r.transfer.transfer_id), &r.transfer).is_ok())
                 .flat_map(|r| [r.transfer.source_account.clone(), r.transfer.destination_account.clone()])
+                .filter(|id| !id.starts_with(ISSUANCE_PREFIX))
                 .collect();
             account_ids.sort_unstable();
             account_ids.dedup();
-            let fresh_ids: Vec<Uuid> = ids.iter().copied().filter(|id| fresh.contains(id)).collect();
-            // The lock and the read go in one round trip, and so do the writes.
-            let (locked, mut known) =
-                try_join(accounts::lock(conn, &account_ids), known::load_known(conn, &fresh_ids)).await?;
-            if crate::faults::is_on(crate::faults::Fault::SkipInbox) {
-                // Broken on purpose (test builds only): nor is a final status noticed.
-                for k in known.values_mut().filter(|k| k.status.is_some()) {
-                    k.status = Some(tally_schema::models::status::PENDING.into());
-                }
-            }
+            let locked = accounts::lock(conn, &account_ids).await?;
             let plan = plan_batch(batch, &fresh, &known, locked, topics)
                 .map_err(|e| diesel::result::Error::SerializationError(Box::new(e)))?;
             let (changed, balances): (Vec<String>, Vec<i64>) = plan.changed_balances().unzip();

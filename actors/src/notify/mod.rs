@@ -148,6 +148,8 @@ impl RecordHandler for Notifier {
             hop.record("transfer.id", display(ids.transfer_id));
             let origin = record.origin();
             let change = crate::projection::decode_change(body, origin.topic == settings.settled_topic)?;
+            // What the receiver gets is the event as tally wrote it, not the record's bytes.
+            let body = change.canonical.clone();
             let attempt = record
                 .header_str(headers::RETRY_ATTEMPTS)
                 .and_then(|v| v.parse::<u32>().ok())
@@ -163,7 +165,7 @@ impl RecordHandler for Notifier {
                 writes::Seen::Due => {}
             }
             still_ours("the webhook POST")?;
-            let failure = match post(&http, &settings, &record, ids.event_id, body, attempt).await {
+            let failure = match post(&http, &settings, &record, ids.event_id, &body, attempt).await {
                 Ok(status) => {
                     // Recorded even when the lease ended meanwhile: the receiver has the
                     // event, and the record keeps the partition's new owner from sending it

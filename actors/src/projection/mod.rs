@@ -11,11 +11,12 @@ use std::sync::Arc;
 use diesel_async::AsyncPgConnection;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use tally_schema::events::{TransferRejected, TransferSettled};
+use tally_schema::events::{derived_event_id, TransferRejected, TransferSettled};
 use tally_schema::models::status;
 use tracing::field::display;
 use uuid::Uuid;
 
+use crate::ledger::{REJECTED_KIND, SETTLED_KIND};
 use crate::metrics::Metrics;
 use crate::record::Record;
 use crate::store::group_commit::{Batch, GroupCommit, GroupCommitSettings, Refusal};
@@ -31,6 +32,9 @@ pub struct StatusChange {
     pub transfer_id: Uuid,
     pub status: &'static str,
     pub reason: Option<String>,
+    /// The event as tally writes it (its fields, in its order): what a receiver is sent,
+    /// whatever else the record's bytes carried.
+    pub canonical: Vec<u8>,
 }
 
 /// Decodes a record of the settled or rejected topic.
@@ -42,22 +46,37 @@ pub fn decode(record: &Record, settled_topic: &str) -> Result<StatusChange, Hand
     decode_change(payload, record.topic == settled_topic)
 }
 
-/// Decodes the payload of a `TransferSettled` (`settled`) or `TransferRejected` event.
+/// Decodes the payload of a `TransferSettled` (`settled`) or `TransferRejected` event. Its
+/// event id must be the one tally derives from the transfer id for that outcome: one
+/// outcome has one event id, so a second event under another id is no outcome of tally's.
 ///
 /// # Errors
-/// A poison [`HandlerError`] for payloads that do not decode.
+/// A poison [`HandlerError`] for payloads that do not decode, or an event id tally would
+/// not have given it.
 pub fn decode_change(payload: &[u8], settled: bool) -> Result<StatusChange, HandlerError> {
+    let canonical = |e: Result<Vec<u8>, serde_json::Error>| {
+        e.map_err(|e| HandlerError::poison(format!("cannot write the event back: {e}")))
+    };
     if settled {
         let e: TransferSettled = serde_json::from_slice(payload)
             .map_err(|e| HandlerError::poison(format!("undecodable TransferSettled: {e}")))?;
-        Ok(StatusChange { transfer_id: e.transfer_id, status: status::SETTLED, reason: None })
+        if e.event_id != derived_event_id(SETTLED_KIND, e.transfer_id) {
+            return Err(HandlerError::poison("invalid TransferSettled: not the event id of its transfer's settlement"));
+        }
+        let canonical = canonical(serde_json::to_vec(&e))?;
+        Ok(StatusChange { transfer_id: e.transfer_id, status: status::SETTLED, reason: None, canonical })
     } else {
         let e: TransferRejected = serde_json::from_slice(payload)
             .map_err(|e| HandlerError::poison(format!("undecodable TransferRejected: {e}")))?;
         if e.reason.trim().is_empty() {
             return Err(HandlerError::poison("invalid TransferRejected: empty reason"));
         }
-        Ok(StatusChange { transfer_id: e.transfer_id, status: status::REJECTED, reason: Some(e.reason) })
+        let ids = [REJECTED_KIND, crate::antifraud::REJECTED_KIND].map(|kind| derived_event_id(kind, e.transfer_id));
+        if !ids.contains(&e.event_id) {
+            return Err(HandlerError::poison("invalid TransferRejected: not the event id of its transfer's rejection"));
+        }
+        let canonical = canonical(serde_json::to_vec(&e))?;
+        Ok(StatusChange { transfer_id: e.transfer_id, status: status::REJECTED, reason: Some(e.reason), canonical })
     }
 }
 
@@ -192,12 +211,34 @@ mod tests {
 
     #[test]
     fn decodes_both_topics_and_refuses_poison() {
-        let settled = r#"{"eventId":"00000000-0000-0000-0000-000000000001","transferId":"00000000-0000-0000-0000-000000000002","settledAt":"2026-01-01T00:00:00Z"}"#;
-        let rejected = r#"{"eventId":"00000000-0000-0000-0000-000000000001","transferId":"00000000-0000-0000-0000-000000000002","reason":"INSUFFICIENT_FUNDS","rejectedAt":"2026-01-01T00:00:00Z"}"#;
-        assert_eq!(decode(&record("s", settled), "s").map(|c| c.status), Ok("SETTLED"));
-        let c = decode(&record("r", rejected), "s").unwrap();
-        assert_eq!((c.status, c.reason.as_deref()), ("REJECTED", Some("INSUFFICIENT_FUNDS")));
-        assert!(decode(&record("s", rejected), "s").is_err(), "a rejection on the settled topic is poison");
+        let transfer = Uuid::from_u128(2);
+        let settled = serde_json::json!({ "eventId": derived_event_id(SETTLED_KIND, transfer), "transferId": transfer,
+                                          "settledAt": "2026-01-01T00:00:00Z", "extra": "dropped" })
+        .to_string();
+        let rejected = |kind: &str| {
+            serde_json::json!({ "eventId": derived_event_id(kind, transfer), "transferId": transfer,
+                                "reason": "INSUFFICIENT_FUNDS", "rejectedAt": "2026-01-01T00:00:00Z" })
+            .to_string()
+        };
+        let c = decode(&record("s", &settled), "s").unwrap();
+        assert_eq!(c.status, "SETTLED");
+        assert!(
+            !String::from_utf8_lossy(&c.canonical).contains("extra"),
+            "the canonical event drops what tally never wrote"
+        );
+        for kind in [REJECTED_KIND, crate::antifraud::REJECTED_KIND] {
+            let c = decode(&record("r", &rejected(kind)), "s").unwrap();
+            assert_eq!((c.status, c.reason.as_deref()), ("REJECTED", Some("INSUFFICIENT_FUNDS")), "{kind}");
+        }
+        assert!(
+            decode(&record("s", &rejected(REJECTED_KIND)), "s").is_err(),
+            "a rejection on the settled topic is poison"
+        );
         assert!(decode(&record("r", "[]"), "s").is_err());
+        let other_id =
+            settled.replace(&derived_event_id(SETTLED_KIND, transfer).to_string(), &Uuid::from_u128(9).to_string());
+        let e = decode(&record("s", &other_id), "s").unwrap_err();
+        assert!(e.message.contains("not the event id"), "{e:?}");
+        assert!(decode(&record("r", &rejected("settled")), "s").is_err(), "a settled event's id on a rejection");
     }
 }

@@ -26,7 +26,7 @@ pub struct TopUp {
     /// The API client that issues it (holding the `issue` scope).
     pub client: String,
     /// Makes a retry safe: the same request again replays the first, another conflicts.
-    pub idempotency_key: Option<String>,
+    pub idempotency_key: String,
     /// No balance may pass this (`ledger.max_balance_cents`).
     pub max_balance_cents: i64,
 }
@@ -110,7 +110,7 @@ pub async fn issue(conn: &mut AsyncPgConnection, top_up: &TopUp) -> Result<Issue
                 currency: top_up.currency.clone(),
                 status: status::SETTLED.into(),
                 rejection_reason: None,
-                idempotency_key: top_up.idempotency_key.clone(),
+                idempotency_key: Some(top_up.idempotency_key.clone()),
                 created_at: now,
                 updated_at: now,
                 client: top_up.client.clone(),
@@ -144,7 +144,7 @@ pub async fn issue(conn: &mut AsyncPgConnection, top_up: &TopUp) -> Result<Issue
 
 /// The transfer of `top_up`'s client under its idempotency key, if any.
 async fn keyed(conn: &mut AsyncPgConnection, top_up: &TopUp) -> Result<Option<Transfer>, diesel::result::Error> {
-    let Some(key) = &top_up.idempotency_key else { return Ok(None) };
+    let key = &top_up.idempotency_key;
     transfers::table
         .filter(transfers::client.eq(&top_up.client))
         .filter(transfers::idempotency_key.eq(key))

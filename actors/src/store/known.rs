@@ -81,6 +81,8 @@ pub struct Taken {
     pub amount_cents: i64,
     #[diesel(sql_type = Text)]
     pub currency: String,
+    #[diesel(sql_type = Text)]
+    pub status: String,
 }
 
 impl Taken {
@@ -94,7 +96,8 @@ impl Taken {
     }
 }
 
-/// What the intake took under each of `ids` that it took.
+/// What the intake took under each of `ids` that it took as a transfer between accounts (an
+/// issuance is no request antifraud decides).
 ///
 /// # Errors
 /// Any database error.
@@ -104,8 +107,8 @@ pub async fn taken(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<HashMap
     }
     Ok(diesel::sql_query(
         "SELECT id, source_account::text AS source_account, destination_account::text AS destination_account, \
-                amount_cents, currency::text AS currency \
-         FROM transfers WHERE id = ANY($1)",
+                amount_cents, currency::text AS currency, status::text AS status \
+         FROM transfers WHERE id = ANY($1) AND kind = 'transfer'",
     )
     .bind::<Array<diesel::sql_types::Uuid>, _>(ids)
     .load::<Taken>(conn)

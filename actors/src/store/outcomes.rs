@@ -52,17 +52,19 @@ impl Recorded {
             return Err("unknown transfer: the intake never took it".into());
         }
         let ledger = self.ledger.as_deref();
+        let blocked = self.decision.as_deref() == Some(BLOCKED);
         if final_status == status::SETTLED {
-            return if ledger == Some(status::SETTLED) && self.postings == 2 {
+            return if ledger == Some(status::SETTLED) && self.postings == 2 && !blocked {
                 Ok(())
             } else {
                 Err(format!("contradicts the ledger: it has not settled this transfer ({})", self.held()))
             };
         }
+        // Never a transfer that moved money, whatever else is stored of it.
+        let unsettled = ledger != Some(status::SETTLED) && self.postings == 0;
         let by_ledger = ledger == Some(status::REJECTED) && self.ledger_reason.as_deref() == reason;
-        let by_antifraud = self.decision.as_deref() == Some(BLOCKED)
-            && Some(self.decision_reason.as_deref().unwrap_or(BLOCKED_BY_ANTIFRAUD)) == reason;
-        if final_status == status::REJECTED && (by_ledger || by_antifraud) {
+        let by_antifraud = blocked && Some(self.decision_reason.as_deref().unwrap_or(BLOCKED_BY_ANTIFRAUD)) == reason;
+        if final_status == status::REJECTED && unsettled && (by_ledger || by_antifraud) {
             Ok(())
         } else {
             Err(format!(
@@ -162,5 +164,10 @@ mod tests {
         assert!(analyzed.confirms("REJECTED", Some(BLOCKED_BY_ANTIFRAUD)).is_err(), "antifraud let it through");
         let settled = held("SETTLED", Some(("SETTLED", None)), 2, Some(("ANALYZED", None)));
         assert!(settled.confirms("REJECTED", Some("INSUFFICIENT_FUNDS")).is_err());
+        // A settlement that a blocking decision was stored for afterwards (a request forged
+        // under a settled id): neither outcome is confirmed for the other.
+        let both = held("SETTLED", Some(("SETTLED", None)), 2, Some(("BLOCKED", None)));
+        assert!(both.confirms("REJECTED", Some(BLOCKED_BY_ANTIFRAUD)).is_err(), "money moved");
+        assert!(both.confirms("SETTLED", None).is_err(), "antifraud blocked it");
     }
 }

@@ -80,7 +80,7 @@ const KEYS: &[(&str, &str)] = &[
     ("http.workers", "HTTP worker threads."),
     ("http.intake_batch_max", "Most POST /transfers written in one database transaction."),
     ("http.intake_writers", "Intake transactions in flight at once."),
-    ("http.anonymous_scopes", "What anonymous requests may do (intake_auth off): accounts:open, transfers:create, orders:create, read, issue."),
+    ("http.anonymous_scopes", "What anonymous requests may do (intake_auth off). Default: every scope without http.clients, all but issue with them."),
     ("http.insecure_anonymous_intake", "Allow intake_auth off on a non-loopback intake_addr: anyone who reaches it moves money."),
     ("http.request_timeout_ms", "A request's headers and body must arrive within this; else 408 and the connection closes."),
     ("http.max_connections", "Open intake connections at most; past it new ones wait in the kernel's backlog."),
@@ -183,7 +183,7 @@ const KEYS: &[(&str, &str)] = &[
 
 /// Keys whose default is derived (from the host or from other keys): shown commented out.
 fn derived(path: &str) -> bool {
-    path == "instance.id" || path.starts_with("database.pools.")
+    path == "instance.id" || path == "http.anonymous_scopes" || path.starts_with("database.pools.")
 }
 
 /// The line of `path`, or `None` when the table lacks it.
@@ -211,6 +211,9 @@ pub fn example_toml() -> String {
     let mut config = Config::default();
     // Not the host that generated the file: the one that reads it.
     config.instance.id = HOST.into();
+    // Derived from whether API clients are configured; the example has none.
+    config.http.anonymous_scopes =
+        Some(config.http.anonymous_scopes().names().into_iter().map(str::to_owned).collect());
     render(&config).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
 }
 

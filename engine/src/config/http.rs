@@ -31,9 +31,11 @@ pub struct HttpConfig {
     pub intake_batch_max: usize,
     /// Intake transactions in flight at once, each on its own connection.
     pub intake_writers: usize,
-    /// The scopes of anonymous requests (`intake_auth` off): by default every one, as one
-    /// implicit owner holds every account they open.
-    pub anonymous_scopes: Vec<String>,
+    /// The scopes of anonymous requests (`intake_auth` off), as one implicit owner holds
+    /// every account they open. Unset: every scope when no API client is configured (a
+    /// loopback-only development set-up), and every one but `issue` when clients are, so
+    /// that only a named client mints money.
+    pub anonymous_scopes: Option<Vec<String>>,
     /// Start with `intake_auth` off on an address that is not loopback, where anyone who
     /// reaches it may open accounts, issue money and move it. Refused unless set.
     pub insecure_anonymous_intake: bool,
@@ -73,7 +75,7 @@ impl Default for HttpConfig {
             workers: 2,
             intake_batch_max: 128,
             intake_writers: 2,
-            anonymous_scopes: tally_actors::authority::Scope::ALL.iter().map(|s| s.name().to_owned()).collect(),
+            anonymous_scopes: None,
             insecure_anonymous_intake: false,
             request_timeout: Duration::from_millis(10_000),
             max_connections: 1_024,

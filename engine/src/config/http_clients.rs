@@ -15,10 +15,15 @@ fn parse_scopes(names: &[String]) -> Option<Scopes> {
 }
 
 impl HttpConfig {
-    /// The scopes of anonymous requests (when the intake does not authenticate).
+    /// The scopes of anonymous requests (when the intake does not authenticate): as
+    /// configured, else every one without API clients and every one but `issue` with them.
     #[must_use]
     pub fn anonymous_scopes(&self) -> Scopes {
-        parse_scopes(&self.anonymous_scopes).unwrap_or_default()
+        match &self.anonymous_scopes {
+            Some(names) => parse_scopes(names).unwrap_or_default(),
+            None if self.clients.is_empty() => Scopes::all(),
+            None => Scopes::ordinary(),
+        }
     }
 
     pub(super) fn validate_clients(&self) -> Result<(), ConfigError> {
@@ -61,7 +66,7 @@ impl HttpConfig {
                 );
             }
         }
-        if parse_scopes(&self.anonymous_scopes).is_none() {
+        if self.anonymous_scopes.as_deref().is_some_and(|names| parse_scopes(names).is_none()) {
             return invalid("http.anonymous_scopes", SCOPES_ARE);
         }
         Ok(())

@@ -95,6 +95,10 @@ mod tests {
         let c = with("[http]\ntrusted_proxies = [\"10.0.0.0/8\", \"192.0.2.7\"]\nadmin_hosts = [\"tally.internal\"]")
             .unwrap();
         assert_eq!(c.http.trusted_networks().len(), 2);
-        assert_eq!(c.http.anonymous_scopes(), tally_actors::authority::Scopes::all());
+        assert_eq!(c.http.anonymous_scopes(), tally_actors::authority::Scopes::all(), "no clients: every scope");
+        let c = with("[http]\nclients = [{ name = \"a\", token_sha256 = [\"0000000000000000000000000000000000000000000000000000000000000000\"] }]").unwrap();
+        assert_eq!(c.http.anonymous_scopes(), tally_actors::authority::Scopes::ordinary(), "clients: no issue");
+        let c = with("[http]\nanonymous_scopes = [\"read\"]").unwrap();
+        assert_eq!(c.http.anonymous_scopes(), [tally_actors::authority::Scope::Read].into_iter().collect());
     }
 }

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
-use tally_actors::authority::{Scope, ISSUANCE_PREFIX};
+use tally_actors::authority::{AccountRef, Scope, ISSUANCE_PREFIX};
 use tally_actors::store::accounts;
 
 /// An account to open; `initialBalanceCents` is at most `ledger.max_balance_cents`, and
@@ -167,7 +167,7 @@ pub async fn get_account(
     let mut conn = state.pool.get().await?;
     let account = accounts::find_account(&mut conn, &id)
         .await?
-        .filter(|a| caller.may_read_account(&a.owner))
+        .filter(|a| caller.may_read_account(&AccountRef { owner: &a.owner, kind: &a.kind }))
         .ok_or_else(|| ApiError::NotFound(format!("Account {id} does not exist")))?;
     let postings = accounts::postings_page(&mut conn, &id, query.before, limit).await?;
     let next_before = (postings.len() as i64 == limit).then(|| postings.last().map(|p| p.id)).flatten();

@@ -53,7 +53,7 @@ impl AuthGuard {
     /// # Errors
     /// How long it still waits.
     pub fn check(&self, addr: Option<IpAddr>, metrics: &Metrics) -> Result<(), Duration> {
-        let Some(addr) = addr else { return Ok(()) };
+        let Some(addr) = addr.map(super::edge::address_key) else { return Ok(()) };
         let now = Instant::now();
         let entries = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match entries.get(&addr).and_then(|e| e.blocked_until).filter(|until| *until > now) {
@@ -69,7 +69,7 @@ impl AuthGuard {
     /// this address was logged in the last minute, and starts or lengthens its wait.
     pub fn failed(&self, addr: Option<IpAddr>, what: &str, metrics: &Metrics) {
         metrics.http_auth_failures_total.with_label_values(&[self.listener]).inc();
-        let Some(addr) = addr else {
+        let Some(addr) = addr.map(super::edge::address_key) else {
             warn!(listener = self.listener, what, "Failed authentication from an unknown address.");
             return;
         };
@@ -118,7 +118,7 @@ impl AuthGuard {
 
     /// Clears what `addr` owed: it authenticated.
     pub fn succeeded(&self, addr: Option<IpAddr>) {
-        if let Some(addr) = addr {
+        if let Some(addr) = addr.map(super::edge::address_key) {
             self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&addr);
         }
     }

@@ -60,10 +60,11 @@ impl Connections {
     pub fn admit(self: &Arc<Self>, connection: &dyn Any, data: &mut Extensions) {
         let Some(tcp) = tcp_of(connection) else { return };
         let Ok(peer) = tcp.peer_addr() else { return };
-        let addr = peer.ip();
-        if self.trusted.iter().any(|n| n.contains(&addr)) {
+        let ip = peer.ip().to_canonical();
+        if self.trusted.iter().any(|n| n.contains(&ip)) {
             return;
         }
+        let addr = super::edge::address_key(ip);
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let n = open.entry(addr).or_default();
         if *n >= self.per_address {

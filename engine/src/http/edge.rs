@@ -84,7 +84,15 @@ pub async fn guard_requests(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let Some(edge) = req.app_data::<web::Data<Edge>>().cloned() else { return next.call(req).await };
     if let Some(hosts) = &edge.hosts {
-        let host = req.connection_info().host().to_owned();
+        // The request's own Host (or HTTP/2 authority), never a forwarding header a page
+        // may set itself.
+        let host = req
+            .headers()
+            .get(actix_web::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()))
+            .unwrap_or_default();
         if !host_allowed(&host, hosts) {
             return Err(ApiError::MisdirectedHost(host).into());
         }
@@ -119,22 +127,46 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
 
 /// The client's address: the connection's peer, or, when that peer is a trusted proxy, the
 /// last address of `X-Forwarded-For` that is not one (the one the outermost trusted proxy
-/// saw).
+/// saw). An entry that is no address ends the walk at the proxy: what is left of it was
+/// written by the client. Addresses are canonical (an IPv4 peer of a dual-stack listener
+/// is its IPv4 address).
 #[must_use]
 pub fn client_addr(req: &HttpRequest) -> Option<IpAddr> {
-    let peer = req.peer_addr()?.ip();
+    let peer = req.peer_addr()?.ip().to_canonical();
     let trusted = req.app_data::<web::Data<Edge>>().map(|e| e.trusted.clone()).unwrap_or_default();
-    if !trusted.iter().any(|n| n.contains(&peer)) {
-        return Some(peer);
+    Some(through_proxies(peer, &trusted, req.headers().get_all("x-forwarded-for").filter_map(|v| v.to_str().ok())))
+}
+
+/// [`client_addr`] of a request from `peer` with these `X-Forwarded-For` values.
+fn through_proxies<'a>(peer: IpAddr, trusted: &[ipnet::IpNet], forwarded: impl Iterator<Item = &'a str>) -> IpAddr {
+    let is_trusted = |a: &IpAddr| trusted.iter().any(|n| n.contains(a));
+    if !is_trusted(&peer) {
+        return peer;
     }
-    let forwarded: Vec<IpAddr> = req
-        .headers()
-        .get_all("x-forwarded-for")
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|a| a.trim().parse().ok())
-        .collect();
-    Some(forwarded.into_iter().rev().find(|a| !trusted.iter().any(|n| n.contains(a))).unwrap_or(peer))
+    let hops: Vec<&str> = forwarded.flat_map(|v| v.split(',')).map(str::trim).collect();
+    let mut client = peer;
+    for hop in hops.iter().rev() {
+        let Ok(addr) = hop.parse::<IpAddr>().map(|a| a.to_canonical()) else { break };
+        client = addr;
+        if !is_trusted(&addr) {
+            break;
+        }
+    }
+    client
+}
+
+/// The key an address is counted under (caps, backoff): itself for IPv4, its /64 for
+/// IPv6, which one holder gets whole.
+#[must_use]
+pub fn address_key(addr: IpAddr) -> IpAddr {
+    match addr.to_canonical() {
+        IpAddr::V6(v6) => {
+            let mut octets = v6.octets();
+            octets[8..].fill(0);
+            IpAddr::V6(octets.into())
+        }
+        v4 => v4,
+    }
 }
 
 /// The client's address for log lines and the audit: the address, or `unknown`.
@@ -154,6 +186,31 @@ pub fn state(req: &HttpRequest) -> Result<&web::Data<AppState>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_client_is_the_last_hop_before_the_trusted_proxies() {
+        let trusted: Vec<ipnet::IpNet> = vec!["10.0.0.0/8".parse().unwrap()];
+        let proxy: IpAddr = "10.1.1.1".parse().unwrap();
+        let client = |xff: &[&str]| through_proxies(proxy, &trusted, xff.iter().copied()).to_string();
+        assert_eq!(client(&["198.51.100.7"]), "198.51.100.7");
+        assert_eq!(
+            client(&["203.0.113.9, 198.51.100.7, 10.2.2.2"]),
+            "198.51.100.7",
+            "the client's own entries count not"
+        );
+        assert_eq!(client(&["203.0.113.9", "198.51.100.7:4711"]), "10.1.1.1", "a malformed hop ends at the proxy");
+        assert_eq!(client(&[]), "10.1.1.1");
+        let outsider: IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!(
+            through_proxies(outsider, &trusted, ["198.51.100.7"].into_iter()),
+            outsider,
+            "only proxies are believed"
+        );
+        let mapped: IpAddr = "::ffff:10.1.1.1".parse().unwrap();
+        assert_eq!(mapped.to_canonical(), proxy, "a dual-stack listener's IPv4 peer");
+        let v6: IpAddr = "2001:db8:1:2:3:4:5:6".parse().unwrap();
+        assert_eq!(address_key(v6).to_string(), "2001:db8:1:2::", "an IPv6 address counts as its /64");
+    }
 
     #[test]
     fn the_admin_listener_answers_addresses_localhost_and_its_names_only() {

@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
-use tally_actors::authority::Scope;
+use tally_actors::authority::{AccountRef, Scope};
 use tally_actors::store::group_commit::{Batch, Refusal};
 use tally_actors::store::transfers::{self, Created, Intake, TransferRequest};
 use tally_actors::supervise::{Classify, ErrorClass};
@@ -70,7 +70,8 @@ pub struct TransferView {
     destination_account: String,
     amount_cents: i64,
     currency: String,
-    /// `PENDING`, then `SETTLED`, `REJECTED` or `BLOCKED`.
+    /// `PENDING`, then `SETTLED` or `REJECTED` (a transfer antifraud blocked is `REJECTED`
+    /// with `rejectionReason` `BLOCKED_BY_ANTIFRAUD`).
     status: String,
     rejection_reason: Option<String>,
     /// The API client that created it; `null` when the intake did not authenticate it.
@@ -307,9 +308,9 @@ pub async fn get_transfer(
     let not_found = || ApiError::NotFound(format!("Transfer {id} does not exist"));
     let transfer = transfers::find_transfer(&mut conn, *id).await?.ok_or_else(not_found)?;
     let parties = [transfer.source_account.as_str(), transfer.destination_account.as_str()];
-    let owners = tally_actors::store::accounts::refs(&mut conn, &parties).await?;
-    let owner = |account: &str| owners.get(account).map(|(owner, _)| owner.as_str());
-    if caller.may_read_transfer(&transfer.client, owner(parties[0]), owner(parties[1])) {
+    let accounts = tally_actors::store::accounts::refs(&mut conn, &parties).await?;
+    let account = |id: &str| accounts.get(id).map(|(owner, kind)| AccountRef { owner, kind });
+    if caller.may_read_transfer(&transfer.client, account(parties[0]).as_ref(), account(parties[1]).as_ref()) {
         Ok(HttpResponse::Ok().json(TransferView::from(transfer)))
     } else {
         Err(not_found())

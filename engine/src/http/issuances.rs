@@ -30,19 +30,22 @@ pub struct CreateIssuanceBody {
     currency: String,
 }
 
-/// `POST /issuances`: 201 with the issuance, SETTLED; with `Idempotency-Key`, the same
-/// request again answers 200 with the original and another request 409.
+/// `POST /issuances`: 201 with the issuance, SETTLED. The `Idempotency-Key` is required:
+/// the same request again answers 200 with the original and another request 409, so a
+/// retry after a lost answer never issues twice.
 #[utoipa::path(post, path = "/issuances", tag = "intake",
-    params(("Idempotency-Key" = Option<String>, Header, pattern = r"^[\x21-\x7e]{1,255}$",
-        description = "Makes retries safe: a replay answers 200 with the original.")),
+    params(("Idempotency-Key" = String, Header, pattern = r"^[\x21-\x7e]{1,255}$",
+        description = "Required: a retry under the same key answers 200 with the original.")),
     request_body = CreateIssuanceBody,
     responses(
         (status = 201, description = "Issued and settled.", body = TransferView),
         (status = 200, description = "A replay of the request of this Idempotency-Key.", body = TransferView),
+        (status = 400, description = "No or a malformed Idempotency-Key.", body = ErrorBody),
         (status = 403, description = "The client lacks the `issue` scope.", body = ErrorBody),
         (status = 404, description = "No such account.", body = ErrorBody),
         (status = 409, description = "This Idempotency-Key was used with another request.", body = ErrorBody),
-        (status = 422, description = "A value breaks its rule (currency, the balance ceiling).", body = ErrorBody)))]
+        (status = 422, description = "A value breaks its rule (currency, the balance ceiling).", body = ErrorBody),
+        (status = 500, description = "outcome_unknown: retry with the same Idempotency-Key.", body = ErrorBody)))]
 pub async fn create_issuance(
     caller: Caller,
     state: web::Data<AppState>,
@@ -50,7 +53,9 @@ pub async fn create_issuance(
     body: web::Json<CreateIssuanceBody>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::Issue)?;
-    let key = idempotency_key(&req)?;
+    let key = idempotency_key(&req)?.ok_or_else(|| {
+        ApiError::BadRequest("POST /issuances needs an Idempotency-Key, so that a retry never issues twice".into())
+    })?;
     let body = body.into_inner();
     let destination = AccountId::parse("destinationAccount", &body.destination_account)?;
     let amount_cents = parse_amount("amountCents", &body.amount_cents)?;
@@ -68,7 +73,7 @@ pub async fn create_issuance(
         let view = TransferView::from(t);
         response.insert_header((header::LOCATION, format!("/transfers/{}", view.id))).json(view)
     };
-    match issuance::issue(&mut conn, &top_up).await? {
+    match issue(&mut conn, &top_up).await? {
         Issued::New(t) => {
             audit_issue(&caller, &req, &top_up.destination, top_up.amount_cents, &top_up.currency);
             Ok(answer(HttpResponse::Created(), t))
@@ -89,6 +94,27 @@ pub async fn create_issuance(
             "amountCents would take account {} past the balance ceiling of {} (ledger.max_balance_cents)",
             top_up.destination, state.max_balance_cents
         ))),
+    }
+}
+
+/// [`issuance::issue`], once more when a concurrent request under the same key inserted
+/// first (the second run replays it or conflicts). A connection lost mid-write may have
+/// committed: the caller retries with its key to learn which.
+async fn issue(conn: &mut diesel_async::AsyncPgConnection, top_up: &TopUp) -> Result<Issued, ApiError> {
+    use diesel::result::{DatabaseErrorKind, Error};
+    let mut raced = false;
+    loop {
+        return match issuance::issue(conn, top_up).await {
+            Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) if !raced => {
+                raced = true;
+                continue;
+            }
+            Err(Error::DatabaseError(
+                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
+                _,
+            )) => Err(ApiError::OutcomeUnknown("the database connection was lost during the issuance".into())),
+            other => Ok(other?),
+        };
     }
 }
 

@@ -101,11 +101,12 @@ fn requested(id: Uuid, from: &str, to: &str, amount: i64) -> Value {
 }
 
 fn settled(id: Uuid) -> Value {
-    json!({ "eventId": Uuid::new_v4(), "transferId": id, "settledAt": "2026-12-01T00:00:00Z" })
+    json!({ "eventId": tally_schema::derived_event_id("settled", id), "transferId": id, "settledAt": "2026-12-01T00:00:00Z" })
 }
 
 fn rejected(id: Uuid, reason: &str) -> Value {
-    json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": reason, "rejectedAt": "2026-12-01T00:00:00Z" })
+    json!({ "eventId": tally_schema::derived_event_id("rejected", id), "transferId": id, "reason": reason,
+            "rejectedAt": "2026-12-01T00:00:00Z" })
 }
 
 async fn admin_post(app: &TestApp, path: &str) {

@@ -233,7 +233,8 @@ async fn a_poison_move_fails_alone_and_the_rest_of_its_batch_lands() {
     holder.batch_execute("BEGIN; LOCK TABLE transfers IN SHARE MODE").await.expect("lock transfers");
     let upstream = env.upstream();
     for id in &ids {
-        let event = json!({ "eventId": Uuid::new_v4(), "transferId": id, "reason": reason(id), "rejectedAt": "2026-11-30T00:00:00Z" });
+        let event = json!({ "eventId": tally_schema::derived_event_id("rejected", *id), "transferId": id,
+                            "reason": reason(id), "rejectedAt": "2026-11-30T00:00:00Z" });
         upstream
             .signed("transfers.rejected", None, &id.to_string(), event.to_string().as_bytes(), "TransferRejected")
             .await;

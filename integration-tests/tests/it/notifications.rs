@@ -29,7 +29,9 @@ fn notify_config(url: &str) -> impl FnOnce(&mut tally_engine::Config) + '_ {
 /// Produces a TransferSettled for a new transfer keyed `key`, which the ledger is recorded
 /// to have settled; returns (event, offset).
 async fn settled(env: &TestEnv, key: &str) -> (Value, i64) {
-    let event = json!({ "eventId": Uuid::new_v4(), "transferId": Uuid::new_v4(), "settledAt": "2026-11-30T00:00:00Z" });
+    let transfer = Uuid::new_v4();
+    let event = json!({ "eventId": tally_schema::derived_event_id("settled", transfer), "transferId": transfer,
+                        "settledAt": "2026-11-30T00:00:00Z" });
     let offset = settled_event(env, key, &event).await;
     (event, offset)
 }
@@ -137,14 +139,15 @@ async fn a_receiver_that_always_fails_leads_to_the_dlt_after_four_attempts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_failing_event_does_not_delay_the_others() {
-    let failing = Uuid::new_v4().to_string();
+    let failing_transfer = Uuid::new_v4();
+    let failing = tally_schema::derived_event_id("settled", failing_transfer).to_string();
     let marker = failing.clone();
     let receiver =
         WebhookReceiver::start(move |body, _| if String::from_utf8_lossy(body).contains(&marker) { 500 } else { 200 })
             .await;
     let (env, _app) = spawn_app(notify_config(&receiver.url)).await;
     // The failing event first, then others with the same key (so the same partition).
-    let bad = json!({ "eventId": failing, "transferId": Uuid::new_v4(), "settledAt": "2026-11-30T00:00:00Z" });
+    let bad = json!({ "eventId": failing, "transferId": failing_transfer, "settledAt": "2026-11-30T00:00:00Z" });
     settled_event(&env, "SAME", &bad).await;
     for _ in 0..5 {
         settled(&env, "SAME").await;
@@ -413,7 +416,8 @@ async fn settled_record(
 ) -> std::sync::Arc<tally_actors::consume::Record> {
     let transfer = Uuid::new_v4();
     db.record_settled(transfer, "N-LEASE", "N-LEASE-DEST", 1).await;
-    let event = json!({ "eventId": Uuid::new_v4(), "transferId": transfer, "settledAt": "2026-11-30T00:00:00Z" });
+    let event = json!({ "eventId": tally_schema::derived_event_id("settled", transfer), "transferId": transfer,
+                        "settledAt": "2026-11-30T00:00:00Z" });
     std::sync::Arc::new(tally_actors::consume::Record {
         topic: "transfers.settled".into(),
         partition: 0,

@@ -90,13 +90,15 @@ async fn a_client_debits_and_reads_only_its_own_accounts() {
     let (env, app) = daemon().await;
     open(&app, "a", "OWN-A").await;
     open(&app, "b", "OWN-B").await;
-    let res = post(
-        &app,
-        "issuer",
-        "/issuances",
-        json!({ "destinationAccount": "OWN-A", "amountCents": 10_000, "currency": "BRL" }),
-    )
-    .await;
+    let res = app
+        .send(
+            app.client
+                .post(format!("{}/issuances", app.intake_url))
+                .bearer_auth(token("issuer"))
+                .header("Idempotency-Key", "fund-own-a")
+                .json(&json!({ "destinationAccount": "OWN-A", "amountCents": 10_000, "currency": "BRL" })),
+        )
+        .await;
     assert_eq!(res.status(), StatusCode::CREATED, "{}", json_body(res).await);
     let transfers_before = env.db.count("transfers").await;
 
@@ -182,6 +184,9 @@ async fn only_a_client_with_issue_creates_money() {
 
     // The issuer tops up, idempotently; the issuance is a transfer with its postings.
     let top_up = json!({ "destinationAccount": "MINT-B", "amountCents": 700, "currency": "BRL" });
+    // Without a key a retry could issue twice: refused.
+    let res = post(&app, "issuer", "/issuances", top_up.clone()).await;
+    assert_error(res, StatusCode::BAD_REQUEST, "bad_request", "a top-up without Idempotency-Key").await;
     let first = app
         .send(
             app.client

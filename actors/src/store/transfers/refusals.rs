@@ -4,7 +4,7 @@
 use diesel_async::AsyncPgConnection;
 
 use super::Intake;
-use crate::authority::{AccountRef, Principal, Scopes};
+use crate::authority::{AccountRef, Principal, Scopes, ISSUANCE_PREFIX};
 
 /// Why the intake refuses a transfer request before writing anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +41,10 @@ pub(super) async fn refusals(
             let request = &intake.request;
             if !intake.debitor().may_debit(of(&request.source_account).as_ref()) {
                 return Some(Refusal::Debit(request.source_account.clone()));
+            }
+            // Whether or not it exists yet: the name is the kind.
+            if request.destination_account.starts_with(ISSUANCE_PREFIX) {
+                return Some(Refusal::Credit(request.destination_account.clone()));
             }
             match of(&request.destination_account) {
                 Some(destination) if !intake.debitor().may_credit(&destination) => {

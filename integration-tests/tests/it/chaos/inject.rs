@@ -136,7 +136,7 @@ fn forged(seed: u64, n: usize, topic: &str, newest_transfer: Option<String>) -> 
             (transfer(json!({ "score": 1, "analyzedAt": at })), "TransferAnalyzed", named("unknown transfer"))
         }
         "transfers.settled" => (
-            json!({ "eventId": event_id, "transferId": id, "settledAt": at }),
+            json!({ "eventId": tally_schema::derived_event_id("settled", id), "transferId": id, "settledAt": at }),
             "TransferSettled",
             named("unknown transfer"),
         ),
@@ -144,7 +144,8 @@ fn forged(seed: u64, n: usize, topic: &str, newest_transfer: Option<String>) -> 
             let target = newest_transfer.unwrap_or_else(|| id.to_string());
             let forged = Forged { topic: topic.to_owned(), id: target.clone(), what: FORGED_REASON.to_owned() };
             (
-                json!({ "eventId": event_id, "transferId": target, "reason": FORGED_REASON, "rejectedAt": at }),
+                json!({ "eventId": target.parse().map_or(event_id, |t| tally_schema::derived_event_id("rejected", t)),
+                        "transferId": target, "reason": FORGED_REASON, "rejectedAt": at }),
                 "TransferRejected",
                 forged,
             )

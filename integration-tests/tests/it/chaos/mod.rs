@@ -219,6 +219,7 @@ async fn run(seed: u64, profile: &Profile) -> Run {
         let res = http
             .post(format!("{}/issuances", daemons[0].intake))
             .bearer_auth(load::token_of(load::ISSUER))
+            .header("Idempotency-Key", format!("fund-C-{i}"))
             .json(&json!({ "destinationAccount": format!("C-{i}"), "amountCents": OPENING, "currency": "BRL" }))
             .send()
             .await
