@@ -144,6 +144,66 @@ impl TestDb {
         self.scalar_i64(&format!("SELECT count(*) FROM {table}"), &[]).await
     }
 
+    /// Opens each account of `ids` in BRL, empty, owned by the anonymous caller (who
+    /// debits it when the intake does not authenticate); one that exists is left as it is.
+    ///
+    /// # Panics
+    /// When the insert fails.
+    pub async fn open_accounts(&self, ids: &[&str]) {
+        self.open_accounts_of("", ids).await;
+    }
+
+    /// Opens each account of `ids` in BRL, empty, owned by the API client `owner` (`""`:
+    /// the anonymous caller); one that exists is left as it is.
+    ///
+    /// # Panics
+    /// When the insert fails.
+    pub async fn open_accounts_of(&self, owner: &str, ids: &[&str]) {
+        self.execute(
+            "INSERT INTO accounts (id, balance_cents, currency, owner) \
+             SELECT id, 0, 'BRL', $2 FROM unnest($1::text[]) AS u(id) ON CONFLICT DO NOTHING",
+            &[&ids, &owner],
+        )
+        .await;
+    }
+
+    /// Postings of transfers between customer accounts: not those of money issued (an
+    /// opening balance, inserted with the account, is issued with two postings).
+    ///
+    /// # Panics
+    /// When the query fails.
+    pub async fn transfer_postings(&self) -> i64 {
+        self.scalar_i64(
+            "SELECT count(*) FROM postings p \
+             WHERE NOT EXISTS (SELECT 1 FROM transfers t WHERE t.id = p.transfer_id AND t.kind = 'issuance')",
+            &[],
+        )
+        .await
+    }
+
+    /// `processed_transfers` rows the ledger finished for transfers (not issuances, which
+    /// are finished as they are issued).
+    ///
+    /// # Panics
+    /// When the query fails.
+    pub async fn ledger_finished(&self) -> i64 {
+        self.scalar_i64(
+            "SELECT count(*) FROM processed_transfers p WHERE outcome <> 'PROCESSING' \
+             AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.id = p.transfer_id AND t.kind = 'issuance')",
+            &[],
+        )
+        .await
+    }
+
+    /// The money held by customer accounts: everything issued, if nothing was lost or made.
+    ///
+    /// # Panics
+    /// When the query fails.
+    pub async fn customer_money(&self) -> i64 {
+        self.scalar_i64("SELECT coalesce(sum(balance_cents), 0)::bigint FROM accounts WHERE kind = 'customer'", &[])
+            .await
+    }
+
     /// Number of outbox rows with `published_at` still NULL.
     pub async fn pending_outbox(&self) -> i64 {
         self.scalar_i64("SELECT count(*) FROM outbox_events WHERE published_at IS NULL", &[]).await

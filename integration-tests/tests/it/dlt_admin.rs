@@ -261,7 +261,7 @@ async fn exhausted_transfer_replays_and_settles_exactly_once() {
     assert_eq!(dead["dlt"]["attempts"], 3);
     assert_eq!(dead["dlt"]["originalOffset"], offset);
     assert_eq!(balance(&env.db, "E-A").await, 100, "nothing applied yet");
-    assert_eq!(env.db.count("postings").await, 0);
+    assert_eq!(env.db.transfer_postings().await, 0);
     let dlt_offset = dead["offset"].as_i64().expect("offset");
     let dlt_partition = dead["partition"].as_i64().expect("partition");
 
@@ -276,7 +276,7 @@ async fn exhausted_transfer_replays_and_settles_exactly_once() {
     wait_committed_past(env.bootstrap(), partition, copy_offset).await;
     assert_eq!(balance(&env.db, "E-A").await, 90);
     assert_eq!(balance(&env.db, "E-B").await, 10);
-    assert_eq!(env.db.count("postings").await, 2, "one debit, one credit");
+    assert_eq!(env.db.transfer_postings().await, 2, "one debit, one credit");
 
     // The copy on transfers.analyzed: original key, value and headers, replayed-from, no dlt-*.
     let records = read_topic(env.bootstrap(), ANALYZED, Deadline::secs(30)).await.expect("read transfers.analyzed");
@@ -298,7 +298,7 @@ async fn exhausted_transfer_replays_and_settles_exactly_once() {
     assert_eq!(again["replayed"], 1);
     let second = again["records"][0]["replayedOffset"].as_i64().expect("replayedOffset");
     wait_committed_past(env.bootstrap(), partition, second).await;
-    assert_eq!(env.db.count("postings").await, 2, "settled once");
+    assert_eq!(env.db.transfer_postings().await, 2, "settled once");
     assert_eq!(balance(&env.db, "E-A").await, 90);
     assert_eq!(balance(&env.db, "E-B").await, 10);
     let metrics = app.metrics().await;

@@ -51,6 +51,9 @@ async fn requests_that_wait_share_a_transaction_and_keys_make_one_transfer_each(
         async move { request.send().await.expect("POST /transfers") }
     };
 
+    let sources: Vec<String> = (0..30).map(|i| format!("acc-{i}")).collect();
+    let sources: Vec<&str> = sources.iter().map(String::as_str).chain(["acc-first", "acc-same", "acc-diff"]).collect();
+    env.db.open_accounts(&sources).await;
     // Hold inserts into `transfers` until every request has been sent.
     let holder = env.db.connect().await;
     holder.batch_execute("BEGIN; LOCK TABLE transfers IN SHARE MODE").await.expect("lock transfers");
@@ -178,6 +181,7 @@ async fn keys_hold_across_concurrent_batches() {
         c.http.intake_batch_max = 4;
     })
     .await;
+    env.db.open_accounts(&["acc-0", "acc-1", "acc-2", "acc-3", "acc-4", "acc-5"]).await;
     let requests = (0..60).map(|i| {
         let key = format!("key-{}", i % 6);
         let body = transfer(&format!("acc-{}", i % 6), 100 + i64::from(i % 6));
@@ -291,6 +295,7 @@ fn cut_over_intake(client: &str, adopts_anonymous: bool) -> Intake {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_request_and_its_adopting_retry_make_one_transfer() {
     let db = TestDb::new().await;
+    db.open_accounts(&["acc-a"]).await;
     let mut anonymous = AsyncPgConnection::establish(db.url()).await.expect("diesel connection");
     let mut adopting = AsyncPgConnection::establish(db.url()).await.expect("diesel connection");
     // The anonymous batch's transaction stays open (create_transfers' own is a savepoint

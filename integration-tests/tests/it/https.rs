@@ -21,7 +21,11 @@ use tally_integration_tests::{
 const HOST: &str = "tally.test";
 
 fn transfer(amount: i64) -> Value {
-    json!({ "sourceAccount": "acc-a", "destinationAccount": "acc-b", "amountCents": amount, "currency": "BRL" })
+    transfer_from("acc-a", amount)
+}
+
+fn transfer_from(source: &str, amount: i64) -> Value {
+    json!({ "sourceAccount": source, "destinationAccount": "acc-b", "amountCents": amount, "currency": "BRL" })
 }
 
 fn addr_of(url: &str) -> SocketAddr {
@@ -82,8 +86,11 @@ async fn the_listeners_serve_https_and_refuse_plain_http() {
             intake_tls(c, &cert, &key);
             c.http.admin_tls.cert_file = path_str(&cert);
             c.http.admin_tls.key_file = path_str(&key);
+            // Its certificate names a host, not an address: a name the listener answers.
+            c.http.admin_hosts = vec![HOST.to_owned()];
         })
         .await;
+    env.db.open_accounts(&["acc-a"]).await;
     let intake = addr_of(&app.intake_url);
     let client = https_client(&ca, intake, None);
     let res = client.post(url(intake, "/transfers")).json(&transfer(100)).send().await.expect("POST over HTTPS");
@@ -137,6 +144,7 @@ async fn a_required_client_certificate_authenticates_the_intake_client_it_names(
         c.http.clients = vec![cert_client("shop"), cert_client("market")];
     })
     .await;
+    env.db.open_accounts_of("shop", &["acc-a"]).await;
     let intake = addr_of(&app.intake_url);
     let post = |client: reqwest::Client| async move {
         client.post(url(intake, "/transfers")).json(&transfer(100)).send().await
@@ -184,6 +192,8 @@ async fn an_optional_client_certificate_leaves_bearer_tokens_working() {
         c.http.clients = vec![cert_client("shop"), market];
     })
     .await;
+    env.db.open_accounts_of("shop", &["acc-a"]).await;
+    env.db.open_accounts_of("market", &["acc-m"]).await;
     let intake = addr_of(&app.intake_url);
     let anonymous = https_client(&servers, intake, None);
     let res = anonymous.post(url(intake, "/transfers")).json(&transfer(100)).send().await.expect("answered");
@@ -191,7 +201,7 @@ async fn an_optional_client_certificate_leaves_bearer_tokens_working() {
     let res = anonymous
         .post(url(intake, "/transfers"))
         .bearer_auth("market-token")
-        .json(&transfer(100))
+        .json(&transfer_from("acc-m", 100))
         .send()
         .await
         .expect("answered");
@@ -224,10 +234,15 @@ async fn without_intake_auth_a_certificate_naming_no_client_or_two_is_refused() 
         c.http.clients = vec![cert_client("shop"), cert_client("market")];
     })
     .await;
+    env.db.open_accounts(&["acc-a"]).await;
+    env.db.open_accounts_of("shop", &["acc-s"]).await;
     let intake = addr_of(&app.intake_url);
     let post = |identity: Option<Signed>| {
         let client = https_client(&servers, intake, identity.as_ref());
-        async move { client.post(url(intake, "/transfers")).json(&transfer(100)).send().await.expect("answered") }
+        let source = if identity.is_some() { "acc-s" } else { "acc-a" };
+        async move {
+            client.post(url(intake, "/transfers")).json(&transfer_from(source, 100)).send().await.expect("answered")
+        }
     };
     assert_eq!(post(Some(clients.sign(&["shop-2027"]))).await.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(post(Some(clients.sign(&["shop", "market"]))).await.status(), StatusCode::UNAUTHORIZED);
@@ -302,6 +317,7 @@ async fn sighup_replaces_the_certificate_without_closing_the_listener() {
     let log = tally_integration_tests::tally_binary().with_file_name(format!("tally-child-{instance}.log"));
     let intake: SocketAddr = intake.parse().expect("an address");
     wait_presented(&ca, intake, &der_of(&first.cert_pem), "the daemon serves the first certificate").await;
+    env.db.open_accounts(&["acc-a"]).await;
 
     // A broken certificate: the reload fails, and the first one stays.
     write_unnoticed(&cert, "-----BEGIN CERTIFICATE-----\nbroken\n-----END CERTIFICATE-----\n");

@@ -29,8 +29,13 @@ pub(crate) async fn create_transfer(app: &TestApp, source: &str, destination: &s
     json_body(res).await
 }
 
+/// No transfer request was written (an opening balance's issuance may have been).
 async fn assert_no_transfer_rows(db: &TestDb, case: &str) {
-    assert_eq!(db.count("transfers").await, 0, "{case}: transfers rows");
+    assert_eq!(
+        db.scalar_i64("SELECT count(*) FROM transfers WHERE kind = 'transfer'", &[]).await,
+        0,
+        "{case}: transfers rows"
+    );
     assert_eq!(db.count("outbox_events").await, 0, "{case}: outbox rows");
 }
 
@@ -77,6 +82,7 @@ pub(crate) async fn wait_for_event_ids(bootstrap: &str, ids: &HashSet<String>, d
 async fn transfer_and_outbox_row_commit_together_and_stay_pending_until_a_publisher_runs() {
     let env = TestEnv::new().await;
     let app = env.spawn(|c| c.pipelines.set("outbox", false)).await;
+    env.db.open_accounts(&["acc-a"]).await;
 
     let res = app.post_json("/transfers", &transfer("acc-a", "acc-b", 1234)).await;
     assert_eq!(res.status(), StatusCode::CREATED);
@@ -144,6 +150,7 @@ async fn idempotency_key_replays_the_same_request_and_refuses_a_different_one() 
     let post = |body: Value, key: &'static str| {
         app.send(app.client.post(format!("{}/transfers", app.intake_url)).header("Idempotency-Key", key).json(&body))
     };
+    env.db.open_accounts(&["acc-a"]).await;
 
     let res = post(transfer("acc-a", "acc-b", 500), "key-1").await;
     assert_eq!(res.status(), StatusCode::CREATED);
@@ -280,7 +287,11 @@ async fn accounts_are_validated_unique_and_readable() {
         Some("/accounts/acc-1"),
         "Location of the new account"
     );
-    assert_eq!(json_body(res).await, json!({"id": "acc-1", "currency": "BRL", "balanceCents": 10_000}));
+    assert_eq!(
+        json_body(res).await,
+        json!({"id": "acc-1", "currency": "BRL", "balanceCents": 10_000, "owner": null}),
+        "opened by the anonymous caller"
+    );
 
     let res = app.post_json("/accounts", &json!({"id": "acc-1", "currency": "BRL", "initialBalanceCents": 5})).await;
     assert_error(res, StatusCode::CONFLICT, "account_exists", "duplicate account").await;
@@ -332,7 +343,11 @@ async fn accounts_are_validated_unique_and_readable() {
     let res =
         app.post_raw("/accounts", "text/plain", r#"{"id":"acc-2","currency":"BRL","initialBalanceCents":1}"#).await;
     assert_error(res, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "text/plain account").await;
-    assert_eq!(env.db.count("accounts").await, 1, "only the first account was written");
+    assert_eq!(
+        env.db.scalar_i64("SELECT count(*) FROM accounts WHERE kind = 'customer'", &[]).await,
+        1,
+        "only the first account was written"
+    );
 
     // A zero balance is allowed.
     let res = app.post_json("/accounts", &json!({"id": "acc-0", "currency": "USD", "initialBalanceCents": 0})).await;
@@ -344,7 +359,17 @@ async fn accounts_are_validated_unique_and_readable() {
     assert_eq!(detail["id"], "acc-1");
     assert_eq!(detail["currency"], "BRL");
     assert_eq!(detail["balanceCents"], 10_000, "the duplicate did not change the balance");
-    assert_eq!(detail["postings"], json!([]));
+    // The opening balance was issued: one credit, of the issuance transfer.
+    let postings = detail["postings"].as_array().expect("postings");
+    assert_eq!(postings.len(), 1, "{detail}");
+    assert_eq!((postings[0]["kind"].as_str(), postings[0]["amountCents"].as_i64()), (Some("C"), Some(10_000)));
+    let issuance = app.get(&format!("/transfers/{}", postings[0]["transferId"].as_str().expect("id"))).await;
+    let issuance = json_body(issuance).await;
+    assert_eq!(
+        (issuance["kind"].as_str(), issuance["sourceAccount"].as_str(), issuance["status"].as_str()),
+        (Some("issuance"), Some("issuance:BRL"), Some("SETTLED")),
+        "{issuance}"
+    );
 
     let res = app.get("/accounts/nobody").await;
     assert_error(res, StatusCode::NOT_FOUND, "not_found", "unknown account").await;
@@ -359,7 +384,8 @@ async fn health_readiness_and_metrics() {
     // No antifraud: the one transfer's outbox row stays the only one (once every pipeline
     // is ready, the ledger would otherwise add its TransferRejected row while the gauges
     // are checked).
-    let (_env, app) = spawn_app(|c| c.pipelines.set("antifraud", false)).await;
+    let (env, app) = spawn_app(|c| c.pipelines.set("antifraud", false)).await;
+    env.db.open_accounts(&["acc-m"]).await;
 
     let res = app.admin_get("/healthz").await;
     assert_eq!(res.status(), StatusCode::OK);

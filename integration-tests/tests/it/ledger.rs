@@ -82,7 +82,7 @@ async fn balance(db: &TestDb, id: &str) -> i64 {
 
 async fn wait_processed(db: &TestDb, n: i64) {
     wait_until(&format!("{n} transfers processed"), Deadline::DEFAULT, || async {
-        let done = db.scalar_i64("SELECT count(*) FROM processed_transfers WHERE outcome <> 'PROCESSING'", &[]).await;
+        let done = db.ledger_finished().await;
         if done >= n {
             Ok(())
         } else {
@@ -119,15 +119,20 @@ async fn same_transfer_delivered_twice_debits_once() {
     wait_committed_past(env.bootstrap(), partition, offset).await;
     assert_eq!(balance(&env.db, "CC-001").await, 70_000);
     assert_eq!(balance(&env.db, "CC-002").await, 30_000);
-    assert_eq!(env.db.count("postings").await, 2, "exactly one debit and one credit");
-    assert_eq!(env.db.scalar_i64("SELECT count(*) FROM postings WHERE kind = 'D'", &[]).await, 1);
+    assert_eq!(env.db.transfer_postings().await, 2, "exactly one debit and one credit");
+    assert_eq!(
+        env.db
+            .scalar_i64("SELECT count(*) FROM postings WHERE kind = 'D' AND account_id NOT LIKE 'issuance:%'", &[])
+            .await,
+        1
+    );
 
     // Again, after the first delivery was fully processed and committed.
     let (partition, offset) = produce(&producer, &event).await;
     wait_committed_past(env.bootstrap(), partition, offset).await;
     assert_eq!(balance(&env.db, "CC-001").await, 70_000);
     assert_eq!(balance(&env.db, "CC-002").await, 30_000);
-    assert_eq!(env.db.count("postings").await, 2);
+    assert_eq!(env.db.transfer_postings().await, 2);
     let metrics = app.metrics().await;
     assert_eq!(metric_value(&metrics, r#"tally_records_total{outcome="settled",pipeline="ledger"}"#), Some(1.0));
     assert_eq!(metric_value(&metrics, r#"tally_records_total{outcome="duplicate",pipeline="ledger"}"#), Some(2.0));
@@ -161,7 +166,7 @@ async fn crossing_transfer_storms_neither_deadlock_nor_lose_money() {
     let total = sends.len() as i64;
     produce_all(&producer, &sends).await;
     wait_processed(&env.db, total).await;
-    let sum = env.db.scalar_i64("SELECT sum(balance_cents)::bigint FROM accounts", &[]).await;
+    let sum = env.db.customer_money().await;
     assert_eq!(sum, 300_000, "money conserved");
     let metrics = app.metrics().await;
     assert_eq!(metric_value(&metrics, r#"tally_retries_total{pipeline="ledger"}"#).unwrap_or(0.0), 0.0, "no retries");
@@ -197,7 +202,7 @@ async fn rejections_commit_a_result_an_event_and_the_offset() {
         let payload: Value = serde_json::from_str(rows[0].get::<_, &str>(0)).expect("json");
         assert_eq!(payload["reason"], *reason);
     }
-    assert_eq!(env.db.count("postings").await, 0, "rejections post nothing");
+    assert_eq!(env.db.transfer_postings().await, 0, "rejections post nothing");
     assert_eq!(balance(&env.db, "R-A").await, 1_000);
     // The rejections reach transfers.rejected through the outbox.
     let records = read_topic(env.bootstrap(), "transfers.rejected", Deadline::secs(30)).await.expect("read");
@@ -294,10 +299,7 @@ async fn transient_failures_retry_the_key_in_order_while_other_keys_flow() {
         }
     })
     .await;
-    assert_eq!(
-        env.db.scalar_i64("SELECT count(*) FROM processed_transfers WHERE outcome <> 'PROCESSING'", &[]).await,
-        1
-    );
+    assert_eq!(env.db.ledger_finished().await, 1);
     tx.rollback().await.expect("release T-A");
     wait_processed(&env.db, 3).await;
     let id1: Uuid = serde_json::from_value(t1["transferId"].clone()).expect("uuid");
@@ -357,14 +359,22 @@ async fn produce_stream(env: &TestEnv, n: usize, accounts_n: usize) -> Vec<Uuid>
 }
 
 async fn assert_every_transfer_ended_once(env: &TestEnv, ids: &[Uuid]) {
-    let rows = env.db.query("SELECT transfer_id, outcome FROM processed_transfers", &[]).await;
+    // Issuances (the accounts' opening balances) are finished as they are issued.
+    let rows = env
+        .db
+        .query(
+            "SELECT p.transfer_id, p.outcome FROM processed_transfers p \
+             WHERE NOT EXISTS (SELECT 1 FROM transfers t WHERE t.id = p.transfer_id AND t.kind = 'issuance')",
+            &[],
+        )
+        .await;
     let outcomes: HashMap<Uuid, String> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     for id in ids {
         let o = outcomes.get(id).map(String::as_str);
         assert!(matches!(o, Some("SETTLED" | "REJECTED")), "transfer {id} ended {o:?}");
     }
     let settled = outcomes.values().filter(|o| *o == "SETTLED").count() as i64;
-    assert_eq!(env.db.count("postings").await, 2 * settled, "one D and one C per settled transfer, no more");
+    assert_eq!(env.db.transfer_postings().await, 2 * settled, "one D and one C per settled transfer, no more");
 }
 
 /// Two daemons in one group; a rebalance mid-stream (the second joins, then the first
@@ -375,7 +385,7 @@ async fn rebalance_mid_stream_keeps_every_transfer_exactly_once_in_effect() {
     let first = env.spawn(|c| c.pipelines.set("outbox", false)).await;
     let ids = produce_stream(&env, 3_000, 40).await;
     wait_until("some transfers processed", Deadline::DEFAULT, || async {
-        let n = env.db.count("processed_transfers").await;
+        let n = env.db.ledger_finished().await;
         if n > 0 {
             Ok(())
         } else {
@@ -401,7 +411,7 @@ async fn abrupt_stop_mid_stream_then_restart_loses_and_doubles_nothing() {
     let ids = produce_stream(&env, 4_000, 50).await;
     let mut child = tally_integration_tests::spawn_tally_process(&env, &[("TALLY__PIPELINES__OUTBOX", "false")]);
     wait_until("the child settles some transfers", Deadline::DEFAULT, || async {
-        let n = env.db.count("processed_transfers").await;
+        let n = env.db.ledger_finished().await;
         if n > 200 {
             Ok(())
         } else {
@@ -411,7 +421,7 @@ async fn abrupt_stop_mid_stream_then_restart_loses_and_doubles_nothing() {
     .await;
     child.kill().expect("SIGKILL the daemon");
     let _ = child.wait();
-    let processed_at_kill = env.db.count("processed_transfers").await;
+    let processed_at_kill = env.db.ledger_finished().await;
     assert!(processed_at_kill < ids.len() as i64, "killed mid-stream ({processed_at_kill} processed)");
     let app = env.spawn(|c| c.pipelines.set("outbox", false)).await;
     wait_processed(&env.db, ids.len() as i64).await;
@@ -499,8 +509,8 @@ async fn a_batch_that_times_out_fails_whole_and_is_not_split() {
         let class = result.as_ref().map_err(|e| e.class);
         assert_eq!(class, Err(ErrorClass::Transient), "request {i}: the lock timeout, back to its caller");
     }
-    assert_eq!(db.count("processed_transfers").await, 0, "nothing written");
-    assert_eq!(db.count("postings").await, 0);
+    assert_eq!(db.ledger_finished().await, 0, "nothing written");
+    assert_eq!(db.transfer_postings().await, 0);
 
     // The lock goes; the callers' retries settle every transfer.
     tx.rollback().await.expect("release H-A");

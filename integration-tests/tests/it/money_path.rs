@@ -290,7 +290,8 @@ async fn poison_requests_do_not_stop_antifraud(protocol: GroupProtocol) {
     assert_eq!(final_state(&app, decided).await["status"], "SETTLED");
 
     let p = env.upstream();
-    let huge = vec![b'x'; 999_900];
+    // Under the broker's 1 MB with its signature; over it with the `dlt-*` headers too.
+    let huge = vec![b'x'; 999_500];
     let (partition, offset) = p.signed("transfers.requested", None, "Z-A", &huge, "TransferRequested").await;
     let ancient = requested(Uuid::new_v4(), "Z-A", "Z-B", 100, "-5000-01-01T00:00:00Z");
     p.signed("transfers.requested", None, "Z-A", &ancient, "TransferRequested").await;
@@ -317,7 +318,7 @@ async fn poison_requests_do_not_stop_antifraud(protocol: GroupProtocol) {
             row.get::<_, String>(3),
             row.get::<_, i32>(4)
         ),
-        ("transfers.requested".to_owned(), partition, offset, "poison".to_owned(), 999_900)
+        ("transfers.requested".to_owned(), partition, offset, "poison".to_owned(), 999_500)
     );
     let metrics = app.metrics().await;
     assert!(metrics.contains(r#"tally_dlt_records_total{topic="dead_letters"} 1"#), "counted as dead-lettered");

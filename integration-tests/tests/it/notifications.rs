@@ -266,11 +266,11 @@ async fn pause_stops_progress_and_lag_grows_then_resume_drains(protocol: GroupPr
         }
     })
     .await;
-    assert_eq!(env.db.count("processed_transfers").await, 0, "no progress while paused");
+    assert_eq!(env.db.ledger_finished().await, 0, "no progress while paused");
     let res = admin_post(&app, "/admin/pipelines/ledger/resume", Some(TOKEN)).await;
     assert_eq!(res.status(), StatusCode::OK);
     wait_until("drained after resume", Deadline::DEFAULT, || async {
-        let n = env.db.count("processed_transfers").await;
+        let n = env.db.ledger_finished().await;
         if n == 20 {
             Ok(())
         } else {

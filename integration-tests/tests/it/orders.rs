@@ -177,6 +177,12 @@ async fn concurrent_materializations_of_one_order_write_one_row_without_error() 
         currency: "BRL".into(),
         received_at: chrono::Utc::now(),
     };
+    // The order the intake took: only such an order is materialised.
+    db.execute(
+        "INSERT INTO orders (id, external_reference, customer_id, amount_cents, currency) VALUES ($1, $2, $3, $4, $5)",
+        &[&event.order_id, &event.external_reference, &event.customer_id, &event.amount_cents, &event.currency],
+    )
+    .await;
     let mut gate = db.connect().await;
     let gate_tx = gate.transaction().await.expect("begin");
     gate_tx.batch_execute("LOCK TABLE received_orders IN SHARE MODE").await.expect("lock received_orders");

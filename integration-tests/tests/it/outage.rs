@@ -298,7 +298,7 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
         })
         .await;
     wait_until("the second daemon settles the partitions it got", Deadline::DEFAULT, || async {
-        let n = env.db.count("processed_transfers").await;
+        let n = env.db.ledger_finished().await;
         let owned = pipeline(&second, "ledger").await["partitions"].as_array().map_or(0, Vec::len);
         if n > 0 && owned > 0 {
             Ok(())
@@ -309,7 +309,7 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
     .await;
     proxy.restore();
     wait_until("every transfer processed", Deadline::DEFAULT, || async {
-        match env.db.count("processed_transfers").await {
+        match env.db.ledger_finished().await {
             40 => Ok(()),
             n => Err(format!("{n} processed")),
         }

@@ -38,12 +38,17 @@ async fn tally_connections(db: &TestDb) -> Vec<(String, bool)> {
 }
 
 fn transfer(amount: i64) -> Value {
-    json!({ "sourceAccount": "acc-a", "destinationAccount": "acc-b", "amountCents": amount, "currency": "BRL" })
+    transfer_from("acc-a", amount)
+}
+
+fn transfer_from(source: &str, amount: i64) -> Value {
+    json!({ "sourceAccount": source, "destinationAccount": "acc-b", "amountCents": amount, "currency": "BRL" })
 }
 
 /// Posts a transfer and waits until its outbox row is published: the intake's pool, the
 /// outbox's pool and its LISTEN and NOTIFY connections have all been used.
 async fn use_every_connection(env: &TestEnv, app: &TestApp) {
+    env.db.open_accounts(&["acc-a"]).await;
     let res = app.post_json("/transfers", &transfer(100)).await;
     assert_eq!(res.status(), StatusCode::CREATED, "POST /transfers");
     env.db.wait_outbox_published().await;
@@ -164,6 +169,7 @@ async fn the_authenticated_intake_refuses_requests_without_a_client_token_and_wr
     for table in ["transfers", "outbox_events", "orders", "accounts"] {
         assert_eq!(env.db.count(table).await, 0, "{table} rows after refused requests");
     }
+    env.db.open_accounts_of("shop", &["acc-a"]).await;
 
     let res = post_as(&app, Some("shop-token"), "k-1", &transfer(100)).await;
     assert_eq!(res.status(), StatusCode::CREATED);
@@ -192,22 +198,25 @@ async fn idempotency_keys_are_scoped_per_client() {
             c.http.clients = vec![client("shop", "shop-token"), client("market", "market-token")];
         })
         .await;
+    env.db.open_accounts_of("shop", &["acc-a"]).await;
+    env.db.open_accounts_of("market", &["acc-m"]).await;
+    env.db.open_accounts(&["acc-anon"]).await;
     let shop = json_body(post_as(&app, Some("shop-token"), "same-key", &transfer(100)).await).await;
     // The same key from another client is another transfer, even with another body.
-    let res = post_as(&app, Some("market-token"), "same-key", &transfer(200)).await;
+    let res = post_as(&app, Some("market-token"), "same-key", &transfer_from("acc-m", 200)).await;
     assert_eq!(res.status(), StatusCode::CREATED, "another client's key does not conflict");
     let market = json_body(res).await;
     assert_ne!(market["id"], shop["id"]);
     assert_eq!(market["client"], "market");
     // Anonymous (intake_auth off): a third scope.
-    let res = post_as(&app, None, "same-key", &transfer(300)).await;
+    let res = post_as(&app, None, "same-key", &transfer_from("acc-anon", 300)).await;
     assert_eq!(res.status(), StatusCode::CREATED, "an anonymous request has its own scope");
     assert_eq!(json_body(res).await["client"], Value::Null);
     // Within a client, a replay answers the original and a different request conflicts.
     let res = post_as(&app, Some("shop-token"), "same-key", &transfer(100)).await;
     assert_eq!(res.status(), StatusCode::OK, "a replay by the same client");
     assert_eq!(json_body(res).await, shop);
-    let res = post_as(&app, Some("market-token"), "same-key", &transfer(100)).await;
+    let res = post_as(&app, Some("market-token"), "same-key", &transfer_from("acc-m", 100)).await;
     assert_error(res, StatusCode::CONFLICT, "idempotency_key_conflict", "market, different amount").await;
     // A token no client has is refused even though anonymous requests are allowed.
     let res = post_as(&app, Some("guess"), "other-key", &transfer(100)).await;
@@ -248,6 +257,7 @@ async fn a_retry_across_a_token_rotation_replays_the_original_transfer() {
         }
     };
     let before = env.spawn(with_clients(vec![client("shop", "old-token")])).await;
+    env.db.open_accounts_of("shop", &["acc-a"]).await;
     let res = post_as(&before, Some("old-token"), "rotating", &transfer(100)).await;
     assert_eq!(res.status(), StatusCode::CREATED);
     let original = json_body(res).await;
@@ -279,6 +289,8 @@ async fn a_retry_across_a_token_rotation_replays_the_original_transfer() {
 async fn a_retry_across_the_cut_over_to_an_authenticated_intake_replays_the_anonymous_transfer() {
     let env = TestEnv::new().await;
     let before = env.spawn(|c| c.pipelines.set("outbox", false)).await;
+    env.db.open_accounts(&["acc-a"]).await;
+    env.db.open_accounts_of("market", &["acc-m"]).await;
     let res = post_as(&before, None, "cut-over", &transfer(100)).await;
     assert_eq!(res.status(), StatusCode::CREATED);
     let original = json_body(res).await;
@@ -313,7 +325,7 @@ async fn a_retry_across_the_cut_over_to_an_authenticated_intake_replays_the_anon
     assert_eq!(res.status(), StatusCode::OK, "the order's retry replays the anonymous order");
     assert_eq!(json_body(res).await["id"], original_order["id"]);
     // Adoption is explicit: another client's key is its own.
-    let res = post_as(&after, Some("market-token"), "cut-over", &transfer(100)).await;
+    let res = post_as(&after, Some("market-token"), "cut-over", &transfer_from("acc-m", 100)).await;
     assert_eq!(res.status(), StatusCode::CREATED, "a client that does not adopt has its own scope");
     assert_eq!(json_body(res).await["client"], "market");
     assert_eq!(env.db.count("transfers").await, 2, "the anonymous transfer and the market's");

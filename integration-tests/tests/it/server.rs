@@ -360,6 +360,7 @@ async fn the_package_installs_runs_a_transfer_and_removes_without_touching_the_d
                 .envs(tally_integration_tests::test_pools_env())
                 .env("TALLY__KAFKA__BROKERS", env.bootstrap())
                 .env("TALLY__KAFKA__CREATE_TOPICS", "false")
+                .env("TALLY__SIGNING__KEYS_DIR", env.keys_dir())
                 .env("TALLY__HTTP__INTAKE_ADDR", &intake)
                 .env("TALLY__HTTP__ADMIN_ADDR", &admin)
                 .env("TALLY__INSTANCE__ID", "installed")
@@ -401,12 +402,12 @@ async fn the_package_installs_runs_a_transfer_and_removes_without_touching_the_d
     assert_eq!(b, 2_500);
 }
 
-/// Accounts, postings, and the sum of all balances.
+/// Customer accounts, postings of transfers between them, and the money they hold.
 async fn data(env: &TestEnv) -> (i64, i64, i64) {
     (
-        env.db.count("accounts").await,
-        env.db.count("postings").await,
-        env.db.scalar_i64("SELECT coalesce(sum(balance_cents), 0)::bigint FROM accounts", &[]).await,
+        env.db.scalar_i64("SELECT count(*) FROM accounts WHERE kind = 'customer'", &[]).await,
+        env.db.transfer_postings().await,
+        env.db.customer_money().await,
     )
 }
 
@@ -483,9 +484,21 @@ async fn the_kubernetes_manifests_probe_what_the_daemon_serves() {
     // The configuration validates with the manifest's values.
     let mut tally_config = Command::new(tally_binary());
     tally_config.args(["--config", deploy_dir().join("tally.toml").to_str().expect("utf-8 path"), "config"]);
+    // What the secrets hold, as an operator would fill them.
+    let keys = tally_integration_tests::write_keys_dir(
+        &tally_actors::signing::SigningKey::random("k1").expect("a random key"),
+    );
+    let secret = |key: &str| match key {
+        "http-clients" => format!(r#"[{{name = "shop", token_sha256 = "{}"}}]"#, "ab".repeat(32)),
+        other => panic!("the test does not know the secret key {other}"),
+    };
     for e in &env {
-        if let (Some(name), Some(value)) = (e["name"].as_str(), e["value"].as_str()) {
+        let name = e["name"].as_str().expect("a name");
+        if let Some(value) = e["value"].as_str() {
+            let value = if name == "TALLY__SIGNING__KEYS_DIR" { keys.to_str().expect("utf-8 path") } else { value };
             tally_config.env(name, value);
+        } else if let Some(key) = e["valueFrom"]["secretKeyRef"]["key"].as_str() {
+            tally_config.env(name, secret(key));
         }
     }
     let out = tally_config.output().expect("tally config");

@@ -36,9 +36,16 @@ impl Proc {
         let binary = tally_binary();
         let log = binary.with_file_name(format!("first-run-{name}-{}.log", uuid::Uuid::new_v4().simple()));
         let stderr = std::fs::File::create(&log).expect("child log file");
+        // A daemon on a broker of its own signs its events with a key of its own, unless
+        // the test names the keys.
+        let keys = (args.contains(&"run") && !envs.iter().any(|(k, _)| *k == "TALLY__SIGNING__KEYS_DIR")).then(|| {
+            let key = tally_actors::signing::SigningKey::random("test").expect("a random key");
+            tally_integration_tests::write_keys_dir(&key)
+        });
         let child = Command::new(binary)
             .args(args)
             .envs(envs.iter().copied())
+            .envs(keys.iter().map(|dir| ("TALLY__SIGNING__KEYS_DIR", dir)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)

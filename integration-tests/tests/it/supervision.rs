@@ -325,7 +325,6 @@ async fn a_crashing_record_restarts_its_stage_twice_then_is_dead_lettered() {
 /// meanwhile, is not applied twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_that_never_finishes_gets_its_stage_restarted_by_the_watchdog() {
-    use tally_integration_tests::hostile::RawRecord;
     let (env, _intake, admin, _child) = daemon_with_fault(
         "hang-on-marked-record",
         &[
@@ -352,24 +351,23 @@ async fn a_record_that_never_finishes_gets_its_stage_restarted_by_the_watchdog()
         }
     };
     wait_until("the daemon is ready", Deadline::DEFAULT, ready).await;
-    let order = |id: uuid::Uuid, reference: &str, marked: bool| {
-        let event = json!({
+    let order = |id: uuid::Uuid, reference: &str| {
+        json!({
             "eventId": uuid::Uuid::new_v4(), "orderId": id, "externalReference": reference,
             "customerId": "CUST-1", "amountCents": 4_990, "currency": "BRL", "receivedAt": "2026-12-01T12:00:00Z",
-        });
-        let mut headers = vec![(h::EVENT_TYPE.as_bytes().to_vec(), Some(b"OrderReceived".to_vec()))];
-        if marked {
-            headers.push((tally_actors::faults::HANG_HEADER.as_bytes().to_vec(), Some(b"1".to_vec())));
-        }
-        RawRecord { key: Some(reference.as_bytes().to_vec()), value: Some(event.to_string().into_bytes()), headers }
+        })
     };
     let (hung, behind) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
-    produce_raw(
-        env.bootstrap(),
-        "orders.received",
-        0,
-        &[order(hung, "REF-HUNG", true), order(behind, "REF-BEHIND", false)],
-    );
+    let (hung_order, behind_order) = (order(hung, "REF-HUNG"), order(behind, "REF-BEHIND"));
+    // Orders the intake took, announced in one partition: the marked one first.
+    let upstream = env.upstream();
+    env.db.record_order(&hung_order).await;
+    env.db.record_order(&behind_order).await;
+    let marked = [(tally_actors::faults::HANG_HEADER, "1")];
+    for (event, extra) in [(&hung_order, &marked[..]), (&behind_order, &[][..])] {
+        let (key, payload) = (event["externalReference"].as_str().expect("a reference"), event.to_string());
+        upstream.signed_with("orders.received", Some(0), key, payload.as_bytes(), "OrderReceived", extra).await;
+    }
     let received = |id: uuid::Uuid| {
         let db = &env.db;
         async move { db.scalar_i64("SELECT count(*) FROM received_orders WHERE order_id = $1", &[&id]).await }

@@ -386,9 +386,9 @@ async fn blocked_transfers_and_poison_records_show_in_traces() {
     assert!(hops.iter().all(|s| s.status == StatusCode::Unset), "blocking is no error: {hops:#?}");
     assert!(hops.iter().all(|s| s.name != "ledger.settle"), "{hops:#?}");
 
-    // Poison in the antifraud stage, without a traceparent: a root span of its own.
-    let p = tally_integration_tests::producer(env.bootstrap());
-    tally_integration_tests::produce(&p, "transfers.requested", None, "T-POISON-1", b"{not json", &[]).await;
+    // Poison in the antifraud stage (signed, so that it is not refused at the door),
+    // without a traceparent: a root span of its own.
+    env.upstream().signed("transfers.requested", None, "T-POISON-1", b"{not json", "TransferRequested").await;
     // Poison for the ledger (signed, so that it reaches the stage), in a trace: its
     // ledger.settle hop fails, in that trace.
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
