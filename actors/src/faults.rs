@@ -26,6 +26,10 @@ pub enum Fault {
     /// pipeline's watchdog must restart the stage, and the record go through the second
     /// time).
     HangOnMarkedRecord,
+    /// A stage's driver thread never answers its stop, as a broker or database call that
+    /// never returns would (the stop must be given up within its bound, and the daemon
+    /// exit non-zero naming the stage).
+    HangOnStop,
 }
 
 /// The header that marks a record for [`Fault::CrashOnMarkedRecord`].
@@ -67,13 +71,14 @@ pub async fn hang_on_marked(record: &crate::record::Record) {
 
 impl Fault {
     /// Every switch.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 7] = [
         Self::Rescore,
         Self::OffsetBeforeCommit,
         Self::OutboxOutOfOrder,
         Self::SkipInbox,
         Self::CrashOnMarkedRecord,
         Self::HangOnMarkedRecord,
+        Self::HangOnStop,
     ];
 
     /// The value of `TALLY_FAULT` that turns it on.
@@ -86,6 +91,7 @@ impl Fault {
             Self::SkipInbox => "skip-inbox",
             Self::CrashOnMarkedRecord => "crash-on-marked-record",
             Self::HangOnMarkedRecord => "hang-on-marked-record",
+            Self::HangOnStop => "hang-on-stop",
         }
     }
 }

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -228,8 +229,9 @@ fn run(config: Config) -> anyhow::Result<()> {
     let expected = migrate::embedded_versions()?;
     // Its errors name the database's redacted URL, port included.
     migrate::prepare_blocking(&config.database.connect_url())?;
+    let outbox_send = config.outbox.send_timeout;
     let system = actix::System::new();
-    let stopped = system.block_on(async move {
+    let (stopped, deadline) = system.block_on(async move {
         let kafka = KafkaEndpoint::prepare(&config, None).await?;
         let admin_https = config.http.admin_tls.enabled();
         let daemon = app::start(config, listeners, kafka, expected).await?;
@@ -243,18 +245,50 @@ fn run(config: Config) -> anyhow::Result<()> {
             reason = tally_actors::supervise::restart::gave_up() => Some(reason),
         };
         readiness.abort();
+        let deadline = arm_stop_deadline(stop_bound(outbox_send));
         sd_notify::notify_or_warn("STOPPING=1\nSTATUS=Draining.");
         let stopped = daemon.shutdown().await;
-        anyhow::Ok((stopped, gave_up))
+        anyhow::Ok(((stopped, gave_up), deadline))
     })?;
     let (stopped, gave_up) = stopped;
     // Actors hold Kafka clients until the System is gone; the embedded broker goes last.
     drop(system);
     stopped.release();
+    drop(deadline);
+    let forced = tally_actors::consume::forced_stops();
     match gave_up {
         Some(reason) => Err(anyhow::anyhow!("stopped because a stage cannot be restarted: {reason}")),
+        None if !forced.is_empty() => Err(anyhow::anyhow!(
+            "stopped without draining every stage (their uncommitted records are redelivered): {}",
+            forced.join("; ")
+        )),
         None => Ok(()),
     }
+}
+
+/// The longest a stop may take: the slowest stage's own bound (the stages stop together),
+/// then the outbox publisher's last send, the dead-letter flush (10 s) and the listeners.
+fn stop_bound(outbox_send: Duration) -> Duration {
+    tally_actors::consume::longest_stop() + outbox_send + Duration::from_secs(20)
+}
+
+/// Arms the exit of last resort: a stop that outlasts `within` (a client call that never
+/// comes back) ends the process with an error rather than holding it until its service
+/// manager kills it; what it had not committed is redelivered to the next owner. Dropping
+/// the sender disarms it.
+fn arm_stop_deadline(within: Duration) -> std::sync::mpsc::Sender<()> {
+    let (disarm, armed) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new().name("tally-stop-deadline".into()).spawn(move || {
+        if armed.recv_timeout(within) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            error!(within_ms = within.as_millis(), "The stop did not finish in time; exiting without it.");
+            eprintln!("tally: the stop did not finish within {} ms; exiting", within.as_millis());
+            std::process::exit(1);
+        }
+    });
+    if let Err(e) = spawned {
+        error!(error = %e, "No thread for the stop deadline: the stop is unbounded.");
+    }
+    disarm
 }
 
 fn migrate(config: &Config, contract: bool) -> anyhow::Result<()> {

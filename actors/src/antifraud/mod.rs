@@ -133,7 +133,10 @@ impl Antifraud {
         let loop_status = Arc::clone(&status);
         let restarts: Arc<Restarts> = Arc::default();
         let loop_restarts = Arc::clone(&restarts);
-        let driver = DriverThread::spawn("tally-antifraud".into(), stopping, move |control_rx| {
+        // An open transaction is aborted (its own timeout) after the calls that lead up
+        // to it, then the consumer commits and leaves.
+        let stop_within = spec.transaction_timeout + 2 * spec.call_timeout + crate::consume::STOP_MARGIN;
+        let driver = DriverThread::spawn("tally-antifraud".into(), stopping, stop_within, move |control_rx| {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
                 give_up(format!("{PIPELINE}: cannot start its database runtime"));
                 return;
@@ -217,9 +220,11 @@ impl Antifraud {
     }
 
     /// Finishes the transaction in hand, then leaves the group.
-    pub async fn stop(self) {
-        self.driver.stop().await;
-        info!(pipeline = PIPELINE, "Antifraud stage stopped.");
+    /// Whether the stop was clean (see [`crate::consume::forced_stops`]).
+    pub async fn stop(self) -> bool {
+        let clean = self.driver.stop().await;
+        info!(pipeline = PIPELINE, clean, "Antifraud stage stopped.");
+        clean
     }
 }
 

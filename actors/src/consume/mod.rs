@@ -52,7 +52,7 @@ pub(crate) use assignment::StatsView;
 use supervised::{subscribe, supervised};
 
 pub use crate::record::{Header, Lease, Origin, Record, MAX_HEADERS};
-pub use control::PipelineControl;
+pub use control::{forced_stops, longest_stop, PipelineControl, STOP_MARGIN};
 pub(crate) use control::{Control, DriverThread};
 pub use offsets::{window_admits, OffsetTracker};
 pub use partition::{Drain, PartitionBook, PartitionConsumer, PartitionShared, Release};
@@ -124,7 +124,9 @@ impl Pipeline {
         let consumer = subscribe(&shared)?;
         let name = spec.name.clone();
         let restarts = Arc::clone(&shared.restarts);
-        let driver = DriverThread::spawn(format!("tally-{name}"), stopping, move |control_rx| {
+        // The drain's own bound, the final commit and the group leave.
+        let stop_within = spec.drain_timeout + STOP_MARGIN;
+        let driver = DriverThread::spawn(format!("tally-{name}"), stopping, stop_within, move |control_rx| {
             supervised(consumer, &shared, &control_rx);
         })?;
         info!(pipeline = %name, group = %spec.group_id, topics = ?spec.topics, "Pipeline started.");
@@ -144,9 +146,11 @@ impl Pipeline {
     }
 
     /// Stops fetching, drains in-flight work (bounded), commits, and leaves the group.
-    pub async fn stop(self) {
-        self.driver.stop().await;
-        info!(pipeline = %self.name, "Pipeline stopped.");
+    /// Whether the stop was clean (see [`forced_stops`]).
+    pub async fn stop(self) -> bool {
+        let clean = self.driver.stop().await;
+        info!(pipeline = %self.name, clean, "Pipeline stopped.");
+        clean
     }
 }
 

@@ -97,11 +97,12 @@ impl Running {
         }
     }
 
-    /// Stops fetching, drains in-flight records and commits their offsets.
-    pub async fn stop(self) {
+    /// Stops fetching, drains in-flight records and commits their offsets. Whether every
+    /// consumer stopped within its bound.
+    pub async fn stop(self) -> bool {
         match self {
             Self::Pipelines(all) => {
-                futures_util::future::join_all(all.into_iter().map(Pipeline::stop)).await;
+                futures_util::future::join_all(all.into_iter().map(Pipeline::stop)).await.into_iter().all(|clean| clean)
             }
             Self::Antifraud(antifraud) => antifraud.stop().await,
         }

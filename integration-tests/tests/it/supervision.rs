@@ -400,3 +400,56 @@ async fn a_record_that_never_finishes_gets_its_stage_restarted_by_the_watchdog()
     assert_eq!(restarts, Some(1.0));
     wait_until("the daemon is ready again", Deadline::DEFAULT, ready).await;
 }
+
+/// A stage whose stop never comes back (played by the `hang-on-stop` fault switch: its
+/// driver thread never answers) does not hold the daemon: each stop is given up after its
+/// stage's bound (the drain or transaction bound, plus a margin), and the daemon exits
+/// non-zero, saying which stages it gave up, well before a service manager would kill it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_that_never_comes_back_is_given_up_and_the_exit_says_so() {
+    let instance = format!("test-hang-stop-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let (_env, _intake, admin, mut child) = daemon_with_fault(
+        "hang-on-stop",
+        &[
+            ("TALLY__INSTANCE__ID", &instance),
+            ("TALLY__CONSUMER__DRAIN_TIMEOUT_MS", "1000"),
+            ("TALLY__ANTIFRAUD__TRANSACTION_TIMEOUT_MS", "2000"),
+            ("TALLY__ANTIFRAUD__CALL_TIMEOUT_MS", "1000"),
+            // Each pipeline's drain is at least its retry sequence's worst case: short.
+            ("TALLY__DATABASE__STATEMENT_TIMEOUT_MS", "1000"),
+            ("TALLY__NOTIFICATIONS__TIMEOUT_MS", "1000"),
+            ("TALLY__LEDGER__RETRY__MAX_RETRIES", "1"),
+            ("TALLY__PROJECTION__RETRY__MAX_RETRIES", "1"),
+            ("TALLY__ORDERS__RETRY__MAX_RETRIES", "1"),
+            ("TALLY__NOTIFICATIONS__RETRY__MAX_RETRIES", "1"),
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    wait_until("the daemon is ready", Deadline::DEFAULT, || async {
+        let res = http.get(format!("http://{admin}/readyz")).send().await.map_err(|e| e.to_string())?;
+        if res.status().is_success() {
+            Ok(())
+        } else {
+            Err(res.status().to_string())
+        }
+    })
+    .await;
+    assert!(child.signal("TERM"), "kill -TERM");
+    // The longest stage bound is 19 s (antifraud: 2 s + 2 x 1 s + the 15 s margin); a
+    // daemon that waits on the hung threads never exits.
+    let status = wait_until("the daemon exits", Deadline::secs(120), || {
+        let exited = child.try_wait().map_err(|e| e.to_string()).and_then(|s| s.ok_or_else(|| "running".to_owned()));
+        async move { exited }
+    })
+    .await;
+    assert!(!status.success(), "a stop that was given up is no clean exit: {status}");
+    let log = tally_integration_tests::tally_binary().with_file_name(format!("tally-child-{instance}.log"));
+    let log = std::fs::read_to_string(log).expect("the child's log");
+    assert!(log.contains("stop was given up"), "{log}");
+    assert!(!log.contains("The stop did not finish in time"), "each stage's bound, not the last resort: {log}");
+    for stage in ["tally-antifraud", "tally-ledger"] {
+        let named = log.lines().any(|l| l.contains("stopped without draining every stage") && l.contains(stage));
+        assert!(named, "the exit names {stage}: {log}");
+    }
+}
