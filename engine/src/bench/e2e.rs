@@ -143,16 +143,16 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
 
 /// The phase's figures from the finished transfers in the database (the POST figures are
 /// the caller's).
-pub(super) async fn measure(client_db: &tokio_postgres::Client, name: String) -> anyhow::Result<Phase> {
-    let row = client_db.query_one(sql::TRANSFERS_FINISHED_SPAN, &[]).await?;
+pub(super) async fn measure(client_db: &tokio_postgres::Client, name: String, since: f64) -> anyhow::Result<Phase> {
+    let row = client_db.query_one(&sql::transfers_finished_span(), &[&since]).await?;
     let finished: i64 = row.get(0);
     let span: f64 = row.get(1);
     let mut final_ms: Vec<f64> =
-        client_db.query(sql::TRANSFERS_FINAL_MS, &[]).await?.iter().map(|r| r.get::<_, f64>(0)).collect();
+        client_db.query(&sql::transfers_final_ms(), &[&since]).await?.iter().map(|r| r.get::<_, f64>(0)).collect();
     final_ms.sort_by(f64::total_cmp);
-    let hops = hops::breakdown(client_db).await?;
+    let hops = hops::breakdown(client_db, since).await?;
     let offsets: Vec<f64> =
-        client_db.query(sql::TRANSFERS_FINAL_OFFSETS, &[]).await?.iter().map(|r| r.get::<_, f64>(0)).collect();
+        client_db.query(&sql::transfers_final_offsets(), &[&since]).await?.iter().map(|r| r.get::<_, f64>(0)).collect();
     let per_second = plot::full_bins(&offsets, 1.0);
     Ok(Phase {
         name,

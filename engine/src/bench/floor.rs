@@ -30,9 +30,10 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use tally_actors::store::{build_pool, PgPool, PoolSettings};
 
-use super::{connect, fresh_database, peak_rss_mib, sql, write_report, Progress};
+use super::{connect, fresh_database, peak_rss_mib, sql, write_report, Outgoing, Progress};
 use crate::config::Config;
 use lifecycle::{Batches, Pipeline, StepReport, Topics};
+use tally_schema::events::TransferAnalyzed;
 
 /// Connections of each floor unless told otherwise.
 pub const DEFAULT_CLIENTS: usize = 8;
@@ -138,7 +139,9 @@ pub fn measure(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) ->
             args.transfers, args.batch
         );
         let ledger_pool = pool(base, &url, connections)?;
-        let measured = runtime.block_on(ledger_floor(&ledger_pool, args, connections, deadline(), &settled_topic))?;
+        let batches = runtime.block_on(ledger_batches(&url, args))?;
+        let measured =
+            runtime.block_on(ledger_floor(&ledger_pool, batches, connections, deadline(), &settled_topic))?;
         let mut report = runtime.block_on(finish_report("ledger", &url, &ledger_pool, measured))?;
         report.connections = connections;
         ledger_tried.push(Tried { connections, transfers_per_second: report.transfers_per_second });
@@ -212,37 +215,58 @@ struct Measured {
     seconds: f64,
 }
 
+/// The floor's batches of transfers, made before it is measured, with what the intake and
+/// antifraud would have written for them (the ledger settles only such transfers) in the
+/// database at `url`.
+async fn ledger_batches(url: &str, args: &Args) -> anyhow::Result<Vec<Vec<TransferAnalyzed>>> {
+    let mut rng = super::ledger::Rng(0x9e37_79b9_7f4a_7c15);
+    let mut batches = Vec::new();
+    let mut left = args.transfers;
+    while left > 0 {
+        let n = args.batch.min(left);
+        batches.push(ledger::transfers(&mut rng, n, args.accounts));
+        left -= n;
+    }
+    let records = batches
+        .iter()
+        .flatten()
+        .map(|t| {
+            let payload = serde_json::to_string(t)?;
+            Ok(Outgoing { topic: String::new(), key: String::new(), payload, event_type: "TransferAnalyzed" })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    super::upstream::record(url, &records).await?;
+    Ok(batches)
+}
+
 async fn ledger_floor(
     pool: &PgPool,
-    args: &Args,
+    batches: Vec<Vec<TransferAnalyzed>>,
     connections: usize,
     deadline: Option<Instant>,
     topic: &str,
 ) -> anyhow::Result<Measured> {
-    let handed = Arc::new(AtomicUsize::new(0));
+    let total = batches.iter().map(Vec::len).sum();
+    let queue = Arc::new(std::sync::Mutex::new(batches));
     let settled = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut clients = Vec::new();
-    for client in 0..connections {
-        let (pool, handed, settled, topic) =
-            (pool.clone(), Arc::clone(&handed), Arc::clone(&settled), topic.to_owned());
-        let (transfers, batch, accounts) = (args.transfers, args.batch, args.accounts);
+    for _ in 0..connections {
+        let (pool, queue, settled, topic) = (pool.clone(), Arc::clone(&queue), Arc::clone(&settled), topic.to_owned());
         clients.push(tokio::spawn(async move {
             let mut conn = pool.get().await.context("no database connection")?;
-            let mut rng = super::ledger::Rng(0x9e37_79b9_7f4a_7c15 ^ ((client as u64 + 1) << 32));
             loop {
-                let first = handed.fetch_add(batch, Ordering::AcqRel);
-                if first >= transfers || deadline.is_some_and(|d| Instant::now() >= d) {
+                let next = queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+                let Some(records) = next.filter(|_| deadline.is_none_or(|d| Instant::now() < d)) else {
                     return anyhow::Ok(());
-                }
-                let records = ledger::transfers(&mut rng, batch.min(transfers - first), accounts);
+                };
                 let n = ledger::settle(&mut conn, &records, &topic).await.context("ledger floor batch")?;
                 settled.fetch_add(n, Ordering::AcqRel);
             }
         }));
     }
     let shared = Arc::clone(&settled);
-    let bar = Bar::start(args.transfers, "ledger floor: transfers settled", move || shared.load(Ordering::Acquire));
+    let bar = Bar::start(total, "ledger floor: transfers settled", move || shared.load(Ordering::Acquire));
     let joined = futures_util::future::join_all(clients).await;
     let seconds = started.elapsed().as_secs_f64();
     bar.end().await;

@@ -49,14 +49,14 @@ const HOPS: [&str; 5] = [
 ///
 /// # Errors
 /// When a query fails.
-pub async fn breakdown(db: &tokio_postgres::Client) -> anyhow::Result<Vec<Hop>> {
+pub async fn breakdown(db: &tokio_postgres::Client, since: f64) -> anyhow::Result<Vec<Hop>> {
     let published: HashMap<(String, String), f64> = db
         .query(&sql::hops_published(), &[])
         .await?
         .iter()
         .filter_map(|r| Some(((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)), r.get::<_, f64>(2))))
         .collect();
-    let rows = db.query(&sql::hops_settled(), &[]).await?;
+    let rows = db.query(&sql::hops_settled(), &[&since]).await?;
     let mut samples: [Vec<f64>; 5] = Default::default();
     for r in &rows {
         let id: String = r.get(0);

@@ -95,11 +95,11 @@ pub fn run(base: &Config, args: &Args) -> anyhow::Result<()> {
     check(args)?;
     let runtime = super::runtime()?;
     let cluster = Cluster::start(ClusterKind::Embedded)?;
-    let (duplicates, insufficient) = runtime.block_on(produce(base, args, &cluster))?;
+    let (duplicates, insufficient, records) = runtime.block_on(produce(base, args, &cluster))?;
     eprintln!("  produced: {duplicates} duplicates, {insufficient} over the balance");
 
-    let tally = run_once(base, args, &cluster, false, &runtime)?;
-    let baseline = if args.baseline { Some(run_once(base, args, &cluster, true, &runtime)?) } else { None };
+    let tally = run_once(base, args, &cluster, &records, false, &runtime)?;
+    let baseline = if args.baseline { Some(run_once(base, args, &cluster, &records, true, &runtime)?) } else { None };
     let speedup = baseline.as_ref().map(|b| tally.records_per_second / b.records_per_second.max(f64::MIN_POSITIVE));
     let report = Report {
         scenario: "ledger",
@@ -130,8 +130,8 @@ pub fn alone(
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<RunReport> {
     check(args)?;
-    runtime.block_on(produce(base, args, cluster))?;
-    run_once(base, args, cluster, false, runtime)
+    let (_, _, records) = runtime.block_on(produce(base, args, cluster))?;
+    run_once(base, args, cluster, &records, false, runtime)
 }
 
 fn check(args: &Args) -> anyhow::Result<()> {
@@ -143,7 +143,9 @@ fn check(args: &Args) -> anyhow::Result<()> {
 
 /// Creates the topics and produces the records; returns how many are duplicates and how
 /// many are over the balance.
-async fn produce(base: &Config, args: &Args, cluster: &Cluster) -> anyhow::Result<(usize, usize)> {
+/// Produces the scenario's records; returns how many are copies, how many are over the
+/// balance, and the records (whose upstream rows each run's fresh database gets).
+async fn produce(base: &Config, args: &Args, cluster: &Cluster) -> anyhow::Result<(usize, usize, Vec<Outgoing>)> {
     let mut config = base.clone();
     cluster.configure(&mut config);
     config.kafka.partitions = args.partitions;
@@ -160,8 +162,13 @@ async fn produce(base: &Config, args: &Args, cluster: &Cluster) -> anyhow::Resul
         duplicates: 0,
         insufficient: 0,
     };
-    produce_all(&cluster.bootstrap(), args.transfers, |_| Ok(backlog.next())).await?;
-    Ok((backlog.duplicates, backlog.insufficient))
+    produce_all(&cluster.bootstrap(), None, args.transfers, |_| Ok(backlog.next())).await?;
+    let records = backlog
+        .sent
+        .into_iter()
+        .map(|(key, payload)| Outgoing { topic: backlog.topic.clone(), key, payload, event_type: "TransferAnalyzed" })
+        .collect();
+    Ok((backlog.duplicates, backlog.insufficient, records))
 }
 
 /// The records of the scenario: about 1% copies of earlier ones, 2% over the balance.
@@ -262,11 +269,13 @@ fn run_once(
     base: &Config,
     args: &Args,
     cluster: &Cluster,
+    records: &[Outgoing],
     baseline: bool,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<RunReport> {
     let label = if baseline { "baseline" } else { "tally" };
     let url = runtime.block_on(fresh_database(base, &format!("{}_{label}", args.database_prefix), args.accounts))?;
+    runtime.block_on(super::upstream::record(&url, records))?;
 
     let mut config = daemon_config(base, &url, cluster);
     // The baseline settles one transfer per connection of its pool at once.
@@ -312,8 +321,7 @@ fn run_once(
     let (outcomes, latency, invariants) = match runner {
         Runner::Tally { daemon, .. } => {
             let text = text.unwrap_or_default();
-            let check_url = format!("http://{}/admin/ledger/check", daemon.admin_addr);
-            let invariants: serde_json::Value = serde_json::from_str(&runtime.block_on(http_get(&check_url))?)?;
+            let invariants = runtime.block_on(super::ledger_check(&format!("http://{}", daemon.admin_addr)))?;
             let outcome =
                 |o: &str| metric_sum(&text, "tally_records_total", &format!("outcome=\"{o}\",pipeline=\"ledger\""));
             let ms =

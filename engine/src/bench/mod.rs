@@ -25,6 +25,7 @@ pub mod soak;
 pub mod sql;
 pub mod stages;
 pub mod target;
+pub mod upstream;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -55,7 +56,8 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 pub fn daemon_config(base: &Config, url: &str, cluster: &Cluster) -> Config {
     let mut config = base.clone();
     config.database.url = SecretUrl::new(url);
-    config.signing.keys_dir = KEYS_DIR.into();
+    // Made here if no record was produced yet; if it cannot be, the daemon's start says why.
+    config.signing.keys_dir = bench_keys().map_or_else(|_| KEYS_DIR.into(), |(dir, _)| dir.display().to_string());
     cluster.configure(&mut config);
     config.http.intake_addr = ([127, 0, 0, 1], 0).into();
     config.http.admin_addr = ([127, 0, 0, 1], 0).into();
@@ -74,12 +76,15 @@ pub struct Outgoing {
 
 /// Produces `n` records, record `i` made by `record(i)`, in chunks of 20,000 awaited
 /// together (a bar of records produced on stderr), each with the `event-id` of its
-/// payload's `eventId` and signed with the bench's key ([`bench_keys`]).
+/// payload's `eventId` and signed with the bench's key ([`bench_keys`]). With `upstream`
+/// (a database URL), what the stages before the records' consumer would have written
+/// for them goes there first ([`upstream::record`]).
 ///
 /// # Errors
 /// When the producer cannot be created, `record` fails, or a delivery fails.
 pub async fn produce_all(
     bootstrap: &str,
+    upstream: Option<&str>,
     n: usize,
     mut record: impl FnMut(usize) -> anyhow::Result<Outgoing>,
 ) -> anyhow::Result<()> {
@@ -94,9 +99,12 @@ pub async fn produce_all(
     let (_, keyring) = bench_keys()?;
     let mut progress = Progress::bar("records produced", n as u64);
     for start in (0..n).step_by(CHUNK) {
+        let chunk = (start..(start + CHUNK).min(n)).map(&mut record).collect::<anyhow::Result<Vec<_>>>()?;
+        if let Some(url) = upstream {
+            upstream::record(url, &chunk).await?;
+        }
         let mut deliveries = Vec::with_capacity(CHUNK);
-        for i in start..(start + CHUNK).min(n) {
-            let out = record(i)?;
+        for out in chunk {
             let event_id = serde_json::from_str::<serde_json::Value>(&out.payload)?["eventId"]
                 .as_str()
                 .context("a bench event without an eventId")?
@@ -177,6 +185,23 @@ pub fn write_report<T: Serialize>(name: &str, report: &T) -> anyhow::Result<Path
 /// When the request fails or answers an error status.
 pub async fn http_get(url: &str) -> anyhow::Result<String> {
     Ok(reqwest::get(url).await?.error_for_status()?.text().await?)
+}
+
+/// The ledger invariants of the daemon whose admin listener is `admin` (`http://host:port`):
+/// the JSON of `/admin/ledger/check`, which answers 409 when one does not hold.
+///
+/// # Errors
+/// When the endpoint answers anything else, or no JSON.
+pub async fn ledger_check(admin: &str) -> anyhow::Result<serde_json::Value> {
+    let res = reqwest::get(format!("{admin}/admin/ledger/check")).await?;
+    if res.status() != reqwest::StatusCode::CONFLICT {
+        res.error_for_status_ref()?;
+    }
+    let check: serde_json::Value = res.json().await?;
+    if check["ok"] != true {
+        eprintln!("the ledger invariants do not hold: {check}");
+    }
+    Ok(check)
 }
 
 /// Quantile `q` of `sorted` (nearest rank), or `None` when empty.

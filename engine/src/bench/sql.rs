@@ -71,21 +71,37 @@ pub const OUTBOX_COMMIT_TO_PUBLISH_MS: &str =
 
 pub const TRANSFERS_PENDING: &str = "SELECT count(*) FROM transfers WHERE status = 'PENDING'";
 
-/// Forgets finished transfers (between phases).
-pub const TRANSFERS_DELETE_FINISHED: &str = "DELETE FROM transfers WHERE status <> 'PENDING'";
+/// The database's clock, in seconds since the Unix epoch: where a phase starts.
+pub const NOW_EPOCH: &str = "SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8";
 
-/// Finished transfers, and seconds from the first creation to the last final status.
-pub const TRANSFERS_FINISHED_SPAN: &str =
-    "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM max(updated_at) - min(created_at)), 0)::float8 \
-     FROM transfers WHERE status <> 'PENDING'";
+/// The transfers a phase made: requested since `$1` (seconds since the epoch), finished.
+/// Issuances and earlier phases' transfers stay in the ledger, uncounted.
+const PHASE_FINISHED: &str = "kind = 'transfer' AND created_at >= to_timestamp($1) AND status <> 'PENDING'";
 
-/// Creation to final status of every finished transfer, ms.
-pub const TRANSFERS_FINAL_MS: &str =
-    "SELECT (EXTRACT(EPOCH FROM updated_at - created_at) * 1000)::float8 FROM transfers WHERE status <> 'PENDING'";
+/// The phase's finished transfers, and seconds from the first creation to the last final
+/// status.
+#[must_use]
+pub fn transfers_finished_span() -> String {
+    format!(
+        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM max(updated_at) - min(created_at)), 0)::float8 \
+         FROM transfers WHERE {PHASE_FINISHED}"
+    )
+}
 
-/// Seconds from the first creation to each final status.
-pub const TRANSFERS_FINAL_OFFSETS: &str = "SELECT EXTRACT(EPOCH FROM updated_at - (SELECT min(created_at) \
-     FROM transfers WHERE status <> 'PENDING'))::float8 FROM transfers WHERE status <> 'PENDING'";
+/// Creation to final status of each of the phase's finished transfers, ms.
+#[must_use]
+pub fn transfers_final_ms() -> String {
+    format!("SELECT (EXTRACT(EPOCH FROM updated_at - created_at) * 1000)::float8 FROM transfers WHERE {PHASE_FINISHED}")
+}
+
+/// Seconds from the phase's first creation to each final status.
+#[must_use]
+pub fn transfers_final_offsets() -> String {
+    format!(
+        "SELECT EXTRACT(EPOCH FROM updated_at - (SELECT min(created_at) FROM transfers WHERE {PHASE_FINISHED}))::float8 \
+         FROM transfers WHERE {PHASE_FINISHED}"
+    )
+}
 
 // Where the time went, hop by hop (`super::hops`).
 
@@ -105,14 +121,15 @@ pub fn hops_published() -> String {
     )
 }
 
-/// Id, creation, antifraud decision, settlement and final status (ms) of every settled
-/// transfer.
+/// Id, creation, antifraud decision, settlement and final status (ms) of every transfer
+/// requested since `$1` (seconds since the epoch) and settled.
 #[must_use]
 pub fn hops_settled() -> String {
     format!(
         "SELECT t.id::text, {}, {}, {}, {} FROM transfers t \
          JOIN antifraud_decisions d ON d.transfer_id = t.id \
-         JOIN processed_transfers p ON p.transfer_id = t.id WHERE t.status = 'SETTLED'",
+         JOIN processed_transfers p ON p.transfer_id = t.id \
+         WHERE t.status = 'SETTLED' AND t.created_at >= to_timestamp($1)",
         ms("t.created_at"),
         ms("d.decided_at"),
         ms("p.processed_at"),
@@ -141,7 +158,8 @@ pub fn completion_span(table: &str, column: &str, rows: &str) -> String {
 
 // The ledger's inbox (`super::scale`, `super::soak`).
 
-pub const PROCESSED_COUNT: &str = "SELECT count(*) FROM processed_transfers";
+pub const PROCESSED_COUNT: &str = "SELECT count(*) FROM processed_transfers p \
+     WHERE NOT EXISTS (SELECT 1 FROM transfers t WHERE t.id = p.transfer_id AND t.kind = 'issuance')";
 
 /// Id and settlement time (ms since the epoch) of the transfers `$1` (text ids).
 pub const PROCESSED_AT_MS: &str =

@@ -117,11 +117,10 @@ impl Target {
         Ok(target)
     }
 
-    /// One transfer through every stage, then forgotten.
+    /// One transfer through every stage (before any phase: not counted).
     async fn warm_up(&self) -> anyhow::Result<()> {
         self.post(0).await?;
-        wait_final(&self.url, None, Duration::from_secs(120)).await?;
-        clear(&self.url).await
+        wait_final(&self.url, None, Duration::from_secs(120)).await
     }
 
     /// The daemon's process id when it is a child.
@@ -156,7 +155,7 @@ impl Target {
     }
 
     /// Runs one load phase and measures it from the database (and the CPU of the
-    /// processes, for a child daemon); forgets its transfers after.
+    /// processes, for a child daemon): the transfers requested since it started.
     ///
     /// # Errors
     /// When a query fails or the transfers do not all reach a final status in 10 minutes.
@@ -167,14 +166,14 @@ impl Target {
             load.seconds,
             load.limit.map_or(String::new(), |l| format!(" or {l} transfers"))
         );
+        let since: f64 = db(&self.url).await?.query_one(sql::NOW_EPOCH, &[]).await?.get(0);
         let started = self.watched.as_ref().map(Clock::read);
         let (sent, mut post_ms, errors) = self.send(load, &name).await?;
         post_ms.sort_by(f64::total_cmp);
         let created = u64::try_from(sent - errors)?;
         wait_final(&self.url, Some(created), Duration::from_secs(600)).await?;
         let ended = self.watched.as_ref().map(Clock::read);
-        let mut phase = measure(&db(&self.url).await?, name).await?;
-        clear(&self.url).await?;
+        let mut phase = measure(&db(&self.url).await?, name, since).await?;
         phase.cpu = started.zip(ended).map(|(s, e)| s.until(&e, phase.finished));
         phase.offered_per_second = load.rate;
         phase.sent = sent;
@@ -228,9 +227,7 @@ impl Target {
     /// # Errors
     /// When the admin endpoint does not answer JSON.
     pub async fn ledger_ok(&self) -> anyhow::Result<bool> {
-        let check = super::http_get(&format!("{}/admin/ledger/check", self.admin)).await?;
-        let check: serde_json::Value = serde_json::from_str(&check)?;
-        Ok(check["ok"] == true)
+        Ok(super::ledger_check(&self.admin).await?["ok"] == true)
     }
 }
 
@@ -251,10 +248,4 @@ async fn post(client: &reqwest::Client, intake: &str, n: usize, accounts: usize)
 async fn wait_final(url: &str, total: Option<u64>, limit: Duration) -> anyhow::Result<()> {
     let client = db(url).await?;
     wait_for_zero(&client, sql::TRANSFERS_PENDING, "transfers finished", total, limit).await
-}
-
-/// Forgets finished transfers between phases (the measurements read `transfers`).
-async fn clear(url: &str) -> anyhow::Result<()> {
-    db(url).await?.batch_execute(sql::TRANSFERS_DELETE_FINISHED).await?;
-    Ok(())
 }

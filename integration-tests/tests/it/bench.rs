@@ -51,7 +51,7 @@ async fn the_hop_breakdown_reads_each_stages_time() {
                  timestamptz '2026-01-01' + make_interval(secs => 0.3 * k) FROM plan WHERE k < 3;";
     db.batch(setup).await;
     let client = db.connect().await;
-    let hops = tally_engine::bench::hops::breakdown(&client).await.expect("the breakdown");
+    let hops = tally_engine::bench::hops::breakdown(&client, 0.0).await.expect("the breakdown");
     let seen: Vec<(&str, usize, Option<f64>, Option<f64>)> =
         hops.iter().map(|h| (h.name, h.samples, h.p50_ms.map(f64::round), h.p99_ms.map(f64::round))).collect();
     // Transfer k: published at 50k ms, decided at 100k, settled at 200k, announced at

@@ -122,7 +122,7 @@ fn outbox_drain(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -
 fn antifraud(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> anyhow::Result<StageReport> {
     let bed = bed(base, args, runtime, Stage::Antifraud)?;
     let topic = bed.config.kafka.topics.transfers_requested.clone();
-    runtime.block_on(produce_all(&bed.cluster.bootstrap(), args.records, |i| {
+    runtime.block_on(produce_all(&bed.cluster.bootstrap(), Some(&bed.url), args.records, |i| {
         let (from, to) = pair(i, args.accounts);
         let transfer_id = Uuid::new_v4();
         let event = TransferRequested {
@@ -166,7 +166,7 @@ fn projection(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) -> 
     let bed = bed(base, args, runtime, Stage::Projection)?;
     let pending = runtime.block_on(pending_transfers(&bed.url, args.records, args.accounts))?;
     let topics = &bed.config.kafka.topics;
-    runtime.block_on(produce_all(&bed.cluster.bootstrap(), pending.len(), |i| {
+    runtime.block_on(produce_all(&bed.cluster.bootstrap(), Some(&bed.url), pending.len(), |i| {
         let (transfer_id, source) = &pending[i];
         let transfer_id = *transfer_id;
         if i % 10 == 9 {
@@ -198,8 +198,11 @@ fn notifications(base: &Config, args: &Args, runtime: &tokio::runtime::Runtime) 
     bed.config.notifications.webhook_url = SecretUrl::new(receiver.url.clone());
     bed.config.notifications.webhook_secret = Secret::new("bench");
     let topic = bed.config.kafka.topics.transfers_settled.clone();
-    runtime.block_on(produce_all(&bed.cluster.bootstrap(), args.records, |i| {
-        outgoing(&topic, account(i % args.accounts), &settled(Uuid::new_v4()), EventType::TransferSettled)
+    // Transfers the intake took, which the ledger settles as the records are made.
+    let pending = runtime.block_on(pending_transfers(&bed.url, args.records, args.accounts))?;
+    runtime.block_on(produce_all(&bed.cluster.bootstrap(), Some(&bed.url), pending.len(), |i| {
+        let (transfer_id, source) = &pending[i];
+        outgoing(&topic, source.clone(), &settled(*transfer_id), EventType::TransferSettled)
     }))?;
     let done = Done::rows_in("notifications delivered", "notification_deliveries", "delivered_at", args.records);
     run_alone(&bed, runtime, args.records, &done, "notifications")
