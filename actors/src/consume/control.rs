@@ -85,8 +85,8 @@ pub fn longest_stop() -> Duration {
 /// Stages whose stop outlasted its bound, each with the reason: the daemon exits non-zero.
 static FORCED_STOPS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// The stops that had to give a driver thread up (see [`DriverThread::stop`]): empty after
-/// a clean drain.
+/// The stops that gave their driver thread up after its bound, each with why: empty
+/// after a clean drain.
 #[must_use]
 pub fn forced_stops() -> Vec<String> {
     FORCED_STOPS.lock().unwrap_or_else(PoisonError::into_inner).clone()
