@@ -88,14 +88,16 @@ impl SigningKey {
     }
 
     /// A fresh random key named `id`: for a broker whose records live and die with the
-    /// process that holds the key (the embedded broker).
+    /// process that holds the key (the embedded broker). Its secret is the hexadecimal text
+    /// of 32 random bytes, as `openssl rand -hex 32` makes one: written to a key file it
+    /// reads back the same (raw bytes ending in a newline would lose it).
     ///
     /// # Errors
     /// When the operating system gives no random bytes.
     pub fn random(id: &str) -> Result<Self, KeyError> {
         let mut secret = [0_u8; MIN_KEY_BYTES];
         getrandom::fill(&mut secret).map_err(|e| KeyError::Random(e.to_string()))?;
-        Self::new(id, &secret)
+        Self::new(id, hex::encode(secret).as_bytes())
     }
 
     #[must_use]
@@ -399,6 +401,11 @@ mod tests {
         assert!(matches!(SigningKey::new("", &[0; 32]), Err(KeyError::BadId(_))));
         let k = SigningKey::random("r").unwrap();
         assert_ne!(k.secret(), SigningKey::random("r").unwrap().secret());
+        // Text that a key file holds as it is: never a trailing newline to lose.
+        for _ in 0..1_000 {
+            let secret = SigningKey::random("r").unwrap().secret().to_vec();
+            assert!(secret.len() == 64 && secret.iter().all(u8::is_ascii_hexdigit), "{secret:?}");
+        }
         let shown = format!("{k:?} {:?}", Keyring::single(k.clone()));
         assert!(!shown.contains(&format!("{:?}", k.secret())) && shown.contains("<redacted>"), "{shown}");
     }
