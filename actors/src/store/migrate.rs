@@ -98,14 +98,24 @@ pub async fn create_database_if_missing(url: &str) -> anyhow::Result<()> {
         let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
         match client.batch_execute(&sql).await {
             Ok(()) => info!(database = %name, "Created database."),
-            // Another process created it in the meantime.
-            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) => {}
+            // Another process created it in the meantime: 42P04 once its row is visible,
+            // 23505 on the catalog's unique index while its CREATE DATABASE is running.
+            Err(e) if created_meanwhile(&e) => {
+                info!(database = %name, "Another process created the database meanwhile.");
+            }
             Err(e) => return Err(e).with_context(|| format!("cannot create database {name}")),
         }
     }
     drop(client);
     let _ = driver.await;
     Ok(())
+}
+
+/// Whether `CREATE DATABASE` failed because another session created the same database at
+/// the same time.
+fn created_meanwhile(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.code().is_some_and(|c| *c == SqlState::DUPLICATE_DATABASE || *c == SqlState::UNIQUE_VIOLATION)
 }
 
 fn run_migrations(

@@ -194,3 +194,28 @@ async fn a_delivered_webhook_is_not_an_info_line() {
     assert!(!log.contains("Notification delivered"), "{log}");
     assert!(!log.contains('\u{1b}'), "no ANSI escape codes in a file");
 }
+
+/// Several instances starting at once on a database that does not exist yet (a fresh
+/// deployment's first rollout): each creates it or finds it created, none fails. The
+/// sessions that lose the race meet either 42P04 or, while the winner's CREATE DATABASE
+/// still runs, a unique violation on the catalog (23505).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_starts_create_the_database_once_and_all_go_on() {
+    let server = std::env::var("TALLY_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| tally_integration_tests::DEFAULT_DATABASE_URL.to_owned());
+    let (admin, connection) = tokio_postgres::connect(&server, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    for round in 0..5 {
+        let name = format!("tally_test_race_{}", uuid::Uuid::new_v4().simple());
+        let base = server.rsplit_once('/').map_or(server.as_str(), |(base, _)| base);
+        let url = format!("{base}/{name}");
+        let starts = (0..4).map(|_| tally_actors::store::migrate::create_database_if_missing(&url));
+        let results = futures_util::future::join_all(starts).await;
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await.expect("drop");
+        for result in results {
+            if let Err(e) = result {
+                panic!("round {round}: a start failed: {e:#}");
+            }
+        }
+    }
+}
