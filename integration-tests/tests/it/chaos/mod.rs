@@ -381,10 +381,16 @@ async fn chaos_catches_each_broken_guarantee() {
 async fn quiesce(env: &TestEnv, receiver: &WebhookReceiver, within: Duration) -> Result<Duration, String> {
     let started = Instant::now();
     loop {
-        let pending = env.db.scalar_i64("SELECT count(*) FROM transfers WHERE status = 'PENDING'", &[]).await;
+        let pending = env
+            .db
+            .scalar_i64("SELECT count(*) FROM transfers WHERE status = 'PENDING' AND kind = 'transfer'", &[])
+            .await;
         let outbox = env.db.pending_outbox().await;
         let notified = notified::delivered(&receiver.calls()).len() as i64;
-        let fin = env.db.scalar_i64("SELECT count(*) FROM transfers WHERE status <> 'PENDING'", &[]).await;
+        let fin = env
+            .db
+            .scalar_i64("SELECT count(*) FROM transfers WHERE status <> 'PENDING' AND kind = 'transfer'", &[])
+            .await;
         let orders = env
             .db
             .scalar_i64(

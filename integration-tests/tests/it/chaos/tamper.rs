@@ -33,10 +33,15 @@ pub(super) async fn every_check_can_fail(env: &TestEnv, daemon: &Daemon, mut his
     let transfer = |sql: &'static str| async move {
         db.query(sql, &[]).await.first().map(|r| r.get::<_, Uuid>(0)).expect("a transfer to tamper with")
     };
-    let settled = transfer("SELECT id FROM transfers WHERE status = 'SETTLED' ORDER BY created_at LIMIT 1").await;
-    let other = transfer("SELECT id FROM transfers WHERE status <> 'PENDING' ORDER BY created_at DESC LIMIT 1").await;
+    let settled =
+        transfer("SELECT id FROM transfers WHERE status = 'SETTLED' AND kind = 'transfer' ORDER BY created_at LIMIT 1")
+            .await;
+    let other = transfer(
+        "SELECT id FROM transfers WHERE status <> 'PENDING' AND kind = 'transfer' ORDER BY created_at DESC LIMIT 1",
+    )
+    .await;
     let keyed =
-        transfer("SELECT id FROM transfers WHERE status <> 'PENDING' ORDER BY created_at DESC OFFSET 1 LIMIT 1").await;
+        transfer("SELECT id FROM transfers WHERE status <> 'PENDING' AND kind = 'transfer' ORDER BY created_at DESC OFFSET 1 LIMIT 1").await;
     let order: Uuid = history
         .calls
         .iter()
