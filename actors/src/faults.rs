@@ -45,6 +45,16 @@ pub fn crash_on_marked(record: &crate::record::Record) {
     }
 }
 
+/// Never returns when [`Fault::HangOnStop`] is on: called by a stage's driver thread when
+/// it is told to stop.
+pub fn hang_on_stop() {
+    if is_on(Fault::HangOnStop) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// The header that marks a record for [`Fault::HangOnMarkedRecord`].
 pub const HANG_HEADER: &str = "tally-fault-hang";
 

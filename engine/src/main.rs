@@ -266,10 +266,12 @@ fn run(config: Config) -> anyhow::Result<()> {
     }
 }
 
-/// The longest a stop may take: the slowest stage's own bound (the stages stop together),
-/// then the outbox publisher's last send, the dead-letter flush (10 s) and the listeners.
+/// The longest a stop may take, each step at its own bound: the intake's graceful stop
+/// (10 s), the slowest stage (the stages stop together), the outbox publisher's batch in
+/// hand (its send timeout) and flush (10 s), the dead-letter flush (10 s), the admin
+/// listener (5 s), the embedded broker's release (5 s), and 10 s to spare.
 fn stop_bound(outbox_send: Duration) -> Duration {
-    tally_actors::consume::longest_stop() + outbox_send + Duration::from_secs(20)
+    tally_actors::consume::longest_stop() + outbox_send + Duration::from_secs(50)
 }
 
 /// Arms the exit of last resort: a stop that outlasts `within` (a client call that never

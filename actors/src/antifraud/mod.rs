@@ -133,9 +133,14 @@ impl Antifraud {
         let loop_status = Arc::clone(&status);
         let restarts: Arc<Restarts> = Arc::default();
         let loop_restarts = Arc::clone(&restarts);
-        // An open transaction is aborted (its own timeout) after the calls that lead up
-        // to it, then the consumer commits and leaves.
-        let stop_within = spec.transaction_timeout + 2 * spec.call_timeout + crate::consume::STOP_MARGIN;
+        // The batch in hand: its database call (10 s, the default statement timeout), one
+        // attempt of its transaction (adding the offsets waits up to two call timeouts, the
+        // commit one more), an abort and a re-created producer's init (a transaction
+        // timeout each); then the flush of the stop (10 s), the commit and the leave.
+        let stop_within = 2 * spec.transaction_timeout
+            + 3 * spec.call_timeout
+            + Duration::from_secs(20)
+            + crate::consume::STOP_MARGIN;
         let driver = DriverThread::spawn("tally-antifraud".into(), stopping, stop_within, move |control_rx| {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
                 give_up(format!("{PIPELINE}: cannot start its database runtime"));
@@ -252,6 +257,7 @@ fn drive(io: &LoopIo<'_>, mut producer: TxnProducer, risk: &mut Box<dyn RiskEngi
         while let Ok(c) = control.try_recv() {
             match c {
                 Control::Stop(done) => {
+                    crate::faults::hang_on_stop();
                     consumer.unsubscribe();
                     let _ = producer.flush(Duration::from_secs(10));
                     let _ = done.send(());

@@ -139,12 +139,6 @@ impl DriverThread {
         let (control, thread) = (self.control.clone(), self.thread.take());
         let (joined, done) = tokio::sync::oneshot::channel();
         let waiter = std::thread::Builder::new().name(format!("{}-stop", self.name)).spawn(move || {
-            if crate::faults::is_on(crate::faults::Fault::HangOnStop) {
-                // The driver never answers: nothing is sent, nothing is joined.
-                loop {
-                    std::thread::park();
-                }
-            }
             let (served, wait) = std::sync::mpsc::channel();
             if control.send(Control::Stop(served)).is_ok() {
                 let _ = wait.recv();

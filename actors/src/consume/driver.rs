@@ -39,6 +39,7 @@ pub(super) fn drive(
         while let Ok(c) = control.try_recv() {
             match c {
                 Control::Stop(done) => {
+                    crate::faults::hang_on_stop();
                     info!(pipeline = %name, "Stopping: no more fetching; draining in-flight records.");
                     let all: Vec<TopicPartition> = shared.slots().keys().cloned().collect();
                     shared.revoke(consumer, &all);

@@ -401,8 +401,8 @@ async fn a_record_that_never_finishes_gets_its_stage_restarted_by_the_watchdog()
     wait_until("the daemon is ready again", Deadline::DEFAULT, ready).await;
 }
 
-/// A stage whose stop never comes back (played by the `hang-on-stop` fault switch: its
-/// driver thread never answers) does not hold the daemon: each stop is given up after its
+/// A stage whose stop never comes back (played by the `hang-on-stop` fault switch: each
+/// driver thread, told to stop, never returns) does not hold the daemon: each stop is given up after its
 /// stage's bound (the drain or transaction bound, plus a margin), and the daemon exits
 /// non-zero, saying which stages it gave up, well before a service manager would kill it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,8 +436,9 @@ async fn a_stop_that_never_comes_back_is_given_up_and_the_exit_says_so() {
     })
     .await;
     assert!(child.signal("TERM"), "kill -TERM");
-    // The longest stage bound is 19 s (antifraud: 2 s + 2 x 1 s + the 15 s margin); a
-    // daemon that waits on the hung threads never exits.
+    // The longest stage bound is 42 s (antifraud: 2 x 2 s + 3 x 1 s + 20 s for its
+    // database call and flush + the 15 s margin); a daemon that waits on the hung threads
+    // never exits.
     let status = wait_until("the daemon exits", Deadline::secs(120), || {
         let exited = child.try_wait().map_err(|e| e.to_string()).and_then(|s| s.ok_or_else(|| "running".to_owned()));
         async move { exited }
