@@ -481,6 +481,15 @@ async fn the_kubernetes_manifests_probe_what_the_daemon_serves() {
     let args: Vec<&str> = container["args"].as_sequence().expect("args").iter().filter_map(|a| a.as_str()).collect();
     assert_eq!(args, ["run", "--config", "/etc/tally/tally.toml"]);
     assert!(dockerfile.contains(r#"CMD ["run", "--config", "/etc/tally/tally.toml"]"#), "the image's command");
+    // The image's runtime has the shared OpenSSL the binary links against.
+    let linked = run_ok("ldd", &[tally_binary().to_str().expect("utf-8 path")]);
+    if linked.contains("libssl.so.3") {
+        let runtime = dockerfile.rsplit("FROM ").next().unwrap_or_default();
+        assert!(
+            runtime.contains("libssl3"),
+            "the binary links libssl.so.3; the image's runtime stage installs no libssl3"
+        );
+    }
     // The configuration validates with the manifest's values.
     let mut tally_config = Command::new(tally_binary());
     tally_config.args(["--config", deploy_dir().join("tally.toml").to_str().expect("utf-8 path"), "config"]);
