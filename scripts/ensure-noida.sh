@@ -11,6 +11,10 @@ venv=target/noida/venv
 site=target/noida/site
 marker=target/noida/installed-$version
 
+# Tests run in processes of their own, several at once: one installs, the others wait.
+mkdir -p target/noida
+exec 9>target/noida/.lock
+flock 9
 if [ ! -f "$marker" ]; then
   echo "Installing noida-db $version under target/noida ..." >&2
   rm -rf "$venv" "$site"

@@ -9,6 +9,10 @@ version=4.32.5
 venv=target/schemathesis/venv
 marker=target/schemathesis/installed-$version
 
+# Tests run in processes of their own, several at once: one installs, the others wait.
+mkdir -p target/schemathesis
+exec 9>target/schemathesis/.lock
+flock 9
 if [ ! -f "$marker" ]; then
   echo "Installing schemathesis $version under target/schemathesis ..." >&2
   rm -rf "$venv"

@@ -277,44 +277,70 @@ impl TestApp {
 
 impl Drop for TestApp {
     fn drop(&mut self) {
+        // A failing test: its logs' last lines, before the daemon's stop adds its own.
+        crate::logs::print_tails_on_failure();
         if let Some(handle) = self.handle.take() {
             handle.stop();
         }
     }
 }
 
-/// The `tally` binary of this workspace, built first when needed (a no-op when it is up to
-/// date), for tests that run the daemon as a separate process (e.g. to kill it).
+/// The `tally` binary of this workspace: `TALLY_TEST_BINARY` when set (`make test` sets it
+/// to the binary its build just made), else built first when needed, for tests that run
+/// the daemon as a separate process (e.g. to kill it). The build is the workspace's, all
+/// targets, as the tests' own: the binary then has the features the tests were built with,
+/// and after any build of the whole workspace's tests it is a no-op (building
+/// `-p tally-engine` alone would resolve other features and rebuild half the workspace).
 ///
 /// # Panics
 /// When the build fails or the binary cannot be found.
 #[must_use]
 pub fn tally_binary() -> std::path::PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "-p", "tally-engine", "--bin", "tally"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build for the tally binary");
-    assert!(status.success(), "cargo build -p tally-engine --bin tally failed");
-    // This test executable lives in target/<profile>/deps/.
-    let exe = std::env::current_exe().expect("current test executable");
-    let profile_dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>");
-    let binary = profile_dir.join("tally");
-    assert!(binary.exists(), "{} not found", binary.display());
-    binary
+    static BINARY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            if let Some(binary) = std::env::var_os("TALLY_TEST_BINARY") {
+                return std::path::PathBuf::from(binary);
+            }
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "--quiet", "--workspace", "--all-targets"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("run cargo build for the tally binary");
+            assert!(status.success(), "cargo build --workspace --all-targets failed");
+            // This test executable lives in target/<profile>/deps/.
+            let exe = std::env::current_exe().expect("current test executable");
+            let profile_dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>");
+            let binary = profile_dir.join("tally");
+            assert!(binary.exists(), "{} not found", binary.display());
+            binary
+        })
+        .clone()
 }
 
 /// A `tally run` child process, killed (SIGKILL) and reaped when dropped, so that a test
 /// that fails half-way leaves no daemon behind. Derefs to its [`std::process::Child`].
 #[derive(Debug)]
-pub struct TallyProcess(std::process::Child);
+pub struct TallyProcess(std::process::Child, Option<std::path::PathBuf>);
 
 impl TallyProcess {
     /// Takes charge of `child`: it is killed when this is dropped.
     #[must_use]
     pub fn new(child: std::process::Child) -> Self {
-        Self(child)
+        Self(child, None)
+    }
+
+    /// Takes charge of `child`, whose stderr goes to the file at `log`.
+    #[must_use]
+    pub fn with_log(child: std::process::Child, log: std::path::PathBuf) -> Self {
+        Self(child, Some(log))
+    }
+
+    /// What the process has logged so far (empty when its log is not known).
+    #[must_use]
+    pub fn log_text(&self) -> String {
+        self.1.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default()
     }
 
     /// Sends the signal named `name` (`TERM`, `STOP`, `CONT`, ...) with kill(1); whether
@@ -344,6 +370,7 @@ impl std::ops::DerefMut for TallyProcess {
 
 impl Drop for TallyProcess {
     fn drop(&mut self) {
+        crate::logs::print_tails_on_failure();
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -351,24 +378,19 @@ impl Drop for TallyProcess {
 
 /// Starts `tally run` as a child process on `env` (its database, and its embedded broker
 /// as an external cluster), listeners on port 0, with extra `TALLY__*` variables. Its logs
-/// go to `target/<profile>/tally-child.log`, or `tally-child-<instance id>.log` when
-/// `extra` names the instance (appended across restarts), for post-mortems. Kill it with
-/// `Child::kill`, or drop it.
+/// go to `tally-<instance id>.log` in the test's log folder ([`crate::logs`]), appended
+/// across restarts under one id. Kill it with `Child::kill`, or drop it.
 ///
 /// # Panics
 /// When the process cannot be started.
 #[must_use]
 pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> TallyProcess {
     let binary = tally_binary();
-    let log = match extra.iter().find(|(k, _)| *k == "TALLY__INSTANCE__ID") {
-        Some((_, id)) => binary.with_file_name(format!("tally-child-{id}.log")),
-        None => binary.with_file_name("tally-child.log"),
-    };
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_or_else(|_| std::process::Stdio::null(), std::process::Stdio::from);
+    let instance = extra.iter().find(|(k, _)| *k == "TALLY__INSTANCE__ID").map_or_else(
+        || format!("test-child-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]),
+        |(_, id)| (*id).to_owned(),
+    );
+    let (log, stderr) = crate::logs::child_log(&format!("tally-{instance}.log"));
     std::process::Command::new(binary)
         .arg("run")
         .env("TALLY__DATABASE__URL", env.db.url())
@@ -379,14 +401,14 @@ pub fn spawn_tally_process(env: &TestEnv, extra: &[(&str, &str)]) -> TallyProces
         .env("TALLY__KAFKA__CREATE_TOPICS", "false")
         .env("TALLY__HTTP__INTAKE_ADDR", "127.0.0.1:0")
         .env("TALLY__HTTP__ADMIN_ADDR", "127.0.0.1:0")
-        .env("TALLY__INSTANCE__ID", format!("test-child-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
+        .env("TALLY__INSTANCE__ID", &instance)
         .env("TALLY__KAFKA__GROUP_PROTOCOL", env.protocol.name())
         .envs(extra.iter().copied())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(stderr)
         .spawn()
-        .map(TallyProcess::new)
+        .map(|child| TallyProcess::with_log(child, log))
         .expect("start tally run")
 }
 

@@ -167,6 +167,35 @@ impl TestDb {
         .await;
     }
 
+    /// Opens each account of `rows` in BRL, owned by the anonymous caller, with its balance
+    /// issued (money enters only by issuance: one `issuance` transfer and its two postings
+    /// per funded account, as an opening balance at the intake makes). The one way tests
+    /// fund accounts: a change to how money enters changes this function only.
+    ///
+    /// # Panics
+    /// When an account exists already or the insert fails.
+    pub async fn fund_accounts(&self, rows: &[(&str, i64)]) {
+        self.fund_accounts_in("", "BRL", rows).await;
+    }
+
+    /// [`TestDb::fund_accounts`] for accounts of `owner` (`""`: the anonymous caller) in
+    /// `currency`.
+    ///
+    /// # Panics
+    /// When an account exists already or the insert fails.
+    pub async fn fund_accounts_in(&self, owner: &str, currency: &str, rows: &[(&str, i64)]) {
+        let ids: Vec<&str> = rows.iter().map(|(id, _)| *id).collect();
+        let balances: Vec<i64> = rows.iter().map(|(_, cents)| *cents).collect();
+        // The ledger's trigger issues the balance an INSERT brings (the path of an opening
+        // balance).
+        self.execute(
+            "INSERT INTO accounts (id, balance_cents, currency, owner) \
+             SELECT id, cents, $3, $4 FROM unnest($1::text[], $2::bigint[]) AS u(id, cents)",
+            &[&ids, &balances, &currency, &owner],
+        )
+        .await;
+    }
+
     /// Postings of transfers between customer accounts: not those of money issued (an
     /// opening balance, inserted with the account, is issued with two postings).
     ///
@@ -248,6 +277,9 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
+        // A failing test drops its database while unwinding: say what its daemons and
+        // brokers logged last.
+        crate::logs::print_tails_on_failure();
         let admin_url = self.admin_url.clone();
         let name = self.name.clone();
         // Drop may run inside a tokio runtime: do the async work on a thread of its own.

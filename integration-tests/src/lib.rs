@@ -10,7 +10,8 @@
 //! | `daemon` | [`TestEnv`], [`TestApp`], [`spawn_app`], [`run_only`], [`spawn_tally_process`] |
 //! | `client` | HTTP helpers, [`metric_value`], the transfer flow ([`post_transfer`], [`final_state`], ...) |
 //! | `kafka` | [`read_topic`], [`produce`], [`committed_offset`], [`non_empty_dlts`] |
-//! | `wait` | [`Deadline`], [`wait_until`], [`init_logging`] |
+//! | `wait` | [`Deadline`], [`wait_until`] |
+//! | `logs` | every log of a test under `target/test-logs/<test>/`, their last lines printed when it fails |
 //! | `webhook` | [`WebhookReceiver`] |
 //! | `upstream` | [`Upstream`]: events signed as tally's stages sign them, and the system-of-record rows the stages before the tested one would have written |
 //! | `hostile` | records no well-behaved producer writes, produced as raw bytes |
@@ -43,7 +44,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
@@ -64,6 +65,7 @@ mod db;
 pub mod hostile;
 mod kafka;
 pub mod kafka_tls;
+pub mod logs;
 pub mod noida;
 pub mod tls;
 mod upstream;
@@ -75,6 +77,7 @@ pub use client::*;
 pub use daemon::*;
 pub use db::*;
 pub use kafka::*;
+pub use logs::init_logging;
 pub use upstream::*;
 pub use wait::*;
 pub use webhook::*;

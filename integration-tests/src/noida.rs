@@ -79,7 +79,7 @@ impl NoidaBroker {
             .expect("a free loopback port");
         let dir = std::env::temp_dir().join(format!("tally-noida-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("noida data directory");
-        let log = std::fs::File::create(dir.with_extension("log")).map_or_else(|_| Stdio::null(), Stdio::from);
+        let (_, log) = crate::logs::child_log(&format!("noida-{port}.log"));
         let child = Command::new(binary)
             .args(["start", "--host", "127.0.0.1", "--only", "kafka", "--kafka-port", &port.to_string(), "--data-dir"])
             .arg(&dir)
@@ -123,7 +123,6 @@ impl Drop for NoidaBroker {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = std::fs::remove_file(self.dir.with_extension("log"));
         let _ = std::fs::remove_dir_all(&self.keys_dir);
     }
 }
@@ -173,7 +172,7 @@ pub async fn spawn(db: &TestDb, broker: &NoidaBroker, configure: impl FnOnce(&mu
 
 /// Starts `tally run` as a child process on `db` and `broker` (topics created by the
 /// daemon, 3 partitions, listeners on port 0), with extra `TALLY__*` variables. Its logs
-/// go to `target/<profile>/tally-noida-child.log`. Kill it with `Child::kill` (SIGKILL), or
+/// go to the test's log folder ([`crate::logs`]). Kill it with `Child::kill` (SIGKILL), or
 /// drop it.
 ///
 /// # Panics
@@ -181,9 +180,8 @@ pub async fn spawn(db: &TestDb, broker: &NoidaBroker, configure: impl FnOnce(&mu
 #[must_use]
 pub fn spawn_process(db: &TestDb, broker: &NoidaBroker, extra: &[(&str, &str)]) -> crate::TallyProcess {
     let binary = crate::tally_binary();
-    let log = binary.with_file_name("tally-noida-child.log");
-    let stderr =
-        std::fs::OpenOptions::new().create(true).append(true).open(&log).map_or_else(|_| Stdio::null(), Stdio::from);
+    let name = extra.iter().find(|(k, _)| *k == "TALLY__INSTANCE__ID").map_or("noida-child", |(_, id)| *id);
+    let (log, stderr) = crate::logs::child_log(&format!("tally-{name}.log"));
     Command::new(binary)
         .arg("run")
         .env("TALLY__DATABASE__URL", db.url())
@@ -198,7 +196,7 @@ pub fn spawn_process(db: &TestDb, broker: &NoidaBroker, extra: &[(&str, &str)]) 
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
-        .map(crate::TallyProcess::new)
+        .map(|child| crate::TallyProcess::with_log(child, log))
         .expect("start tally run")
 }
 

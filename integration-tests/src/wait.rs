@@ -18,20 +18,6 @@ impl Deadline {
     }
 }
 
-/// Installs the daemon's log subscriber once when `RUST_LOG` is set (e.g.
-/// `RUST_LOG=info,tally=debug`); otherwise tests run silently.
-pub fn init_logging() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        if let Ok(level) = std::env::var("RUST_LOG") {
-            let mut config = tally_engine::Config::default();
-            config.log.level = level;
-            // Without an OTLP endpoint nothing can fail: only log lines are set up.
-            let _ = tally_engine::telemetry::init(&config);
-        }
-    });
-}
-
 /// Polls `check` every 50 ms until it returns `Ok`, and returns that value. `check`
 /// returns `Err(observation)` while the condition does not hold; when `deadline` passes,
 /// the test fails with `what` and the last observation.

@@ -314,7 +314,6 @@ async fn sighup_replaces_the_certificate_without_closing_the_listener() {
             ("TALLY__HTTP__TLS__KEY_FILE", &key_s),
         ],
     );
-    let log = tally_integration_tests::tally_binary().with_file_name(format!("tally-child-{instance}.log"));
     let intake: SocketAddr = intake.parse().expect("an address");
     wait_presented(&ca, intake, &der_of(&first.cert_pem), "the daemon serves the first certificate").await;
     env.db.open_accounts(&["acc-a"]).await;
@@ -323,7 +322,7 @@ async fn sighup_replaces_the_certificate_without_closing_the_listener() {
     write_unnoticed(&cert, "-----BEGIN CERTIFICATE-----\nbroken\n-----END CERTIFICATE-----\n");
     signal(&child, "HUP");
     wait_until("the daemon logs the failed reload", Deadline::DEFAULT, || async {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let text = child.log_text();
         if text.contains("Cannot reload the TLS certificate") {
             Ok(())
         } else {
@@ -345,7 +344,7 @@ async fn sighup_replaces_the_certificate_without_closing_the_listener() {
         .await
         .expect("POST after the reload");
     assert_eq!(res.status(), StatusCode::CREATED);
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let text = child.log_text();
     let reloaded = text.lines().filter(|l| l.contains("Reloaded the TLS certificate"));
     assert!(reloaded.clone().count() == 1 && reloaded.clone().all(|l| l.contains("SIGHUP")), "{text}");
     drop(child);

@@ -146,11 +146,24 @@ async fn one_failing_event_does_not_delay_the_others() {
         WebhookReceiver::start(move |body, _| if String::from_utf8_lossy(body).contains(&marker) { 500 } else { 200 })
             .await;
     let (env, _app) = spawn_app(notify_config(&receiver.url)).await;
-    // The failing event first, then others with the same key (so the same partition).
+    // The failing event first, then others with the same key (so the same partition). Their
+    // settlements are recorded before any is produced, so that the six records follow each
+    // other within milliseconds, well inside the first retry delay (1 s), however loaded
+    // the machine.
     let bad = json!({ "eventId": failing, "transferId": failing_transfer, "settledAt": "2026-11-30T00:00:00Z" });
-    settled_event(&env, "SAME", &bad).await;
+    let mut events = vec![bad];
     for _ in 0..5 {
-        settled(&env, "SAME").await;
+        let transfer = Uuid::new_v4();
+        events.push(json!({ "eventId": tally_schema::derived_event_id("settled", transfer), "transferId": transfer,
+                            "settledAt": "2026-11-30T00:00:00Z" }));
+    }
+    for event in &events {
+        let id: Uuid = serde_json::from_value(event["transferId"].clone()).expect("transferId");
+        env.db.record_settled(id, "SAME", "SAME-DEST", 1).await;
+    }
+    let upstream = env.upstream();
+    for event in &events {
+        upstream.signed("transfers.settled", None, "SAME", event.to_string().as_bytes(), "TransferSettled").await;
     }
     wait_until("the failing event's second attempt", Deadline::DEFAULT, || async {
         let n = receiver.calls().iter().filter(|c| event_id(c) == failing).count();
@@ -235,9 +248,7 @@ async fn ledger_status(app: &TestApp) -> Value {
 
 async fn pause_stops_progress_and_lag_grows_then_resume_drains(protocol: GroupProtocol) {
     let (env, app) = spawn_app_under(protocol, |c| c.http.admin_token = tally_engine::config::Secret::new(TOKEN)).await;
-    env.db
-        .batch("INSERT INTO accounts (id, balance_cents, currency) VALUES ('PZ-A', 100000, 'BRL'), ('PZ-B', 0, 'BRL')")
-        .await;
+    env.db.fund_accounts(&[("PZ-A", 100_000), ("PZ-B", 0)]).await;
     wait_until("the ledger owns its partitions", Deadline::DEFAULT, || async {
         let s = ledger_status(&app).await;
         if s["partitions"].as_array().is_some_and(|p| p.len() == 12) {
@@ -333,8 +344,7 @@ async fn the_admin_token_never_reaches_the_logs() {
     // SIGTERM: the shutdown path logs too.
     let _ = std::process::Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let _ = child.wait();
-    let log_path = tally_integration_tests::tally_binary().with_file_name("tally-child.log");
-    let log = std::fs::read_to_string(&log_path).expect("child log");
+    let log = child.log_text();
     assert!(log.contains("Shutdown complete"), "the child logged (debug level) and stopped cleanly");
     assert!(!log.contains(TOKEN), "the admin token appears in the log");
 }

@@ -445,8 +445,7 @@ async fn a_stop_that_never_comes_back_is_given_up_and_the_exit_says_so() {
     })
     .await;
     assert!(!status.success(), "a stop that was given up is no clean exit: {status}");
-    let log = tally_integration_tests::tally_binary().with_file_name(format!("tally-child-{instance}.log"));
-    let log = std::fs::read_to_string(log).expect("the child's log");
+    let log = child.log_text();
     assert!(log.contains("stop was given up"), "{log}");
     assert!(!log.contains("The stop did not finish in time"), "each stage's bound, not the last resort: {log}");
     for stage in ["tally-antifraud", "tally-ledger"] {

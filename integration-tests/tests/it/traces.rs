@@ -17,8 +17,8 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use serde_json::{json, Value};
 use tally_integration_tests::{
-    free_addr, spawn_tally_process, tally_binary, wait_exit, wait_settled, wait_until, Deadline, ReceivedCall,
-    TallyProcess, TestEnv, WebhookReceiver,
+    free_addr, spawn_tally_process, wait_exit, wait_settled, wait_until, Deadline, ReceivedCall, TallyProcess, TestEnv,
+    WebhookReceiver,
 };
 
 /// The hops of a settled, notified transfer, in order; `outbox.publish` twice (the request
@@ -143,7 +143,7 @@ async fn start_child(env: &TestEnv, endpoint: &str, webhook: &WebhookReceiver, e
     ];
     vars.extend_from_slice(extra);
     let daemon = spawn_tally_process(env, &vars);
-    let log_path = tally_binary().with_file_name(format!("tally-child-{instance}.log"));
+    let log_path = tally_integration_tests::logs::test_log_dir().join(format!("tally-{instance}.log"));
     let http = reqwest::Client::new();
     wait_until("the child is ready", Deadline::secs(120), || async {
         match http.get(format!("http://{admin}/readyz")).send().await {
