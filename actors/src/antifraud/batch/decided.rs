@@ -124,10 +124,13 @@ async fn decide_stored(
         stored.clear();
     }
     // A transfer that is final has its decision already; one without it is decided never.
+    // (Broken on purpose under the fault: a redelivery is scored again whatever the
+    // transfer's status, so that every redelivery makes a second decision.)
     let requests: Vec<&TransferRequested> = requests
         .into_iter()
         .filter(|t| {
-            stored.contains_key(&t.transfer_id)
+            rescore
+                || stored.contains_key(&t.transfer_id)
                 || decided.taken.get(&t.transfer_id).is_some_and(|row| row.status == status::PENDING)
         })
         .collect();

@@ -25,14 +25,14 @@
 //! whose checks fail prints the command that replays it and keeps its history under
 //! `target/chaos/<seed>/`. `TALLY_CHAOS_SECS` sets the size of the schedule (one fault
 //! per 5 s, every kind at least once; `make chaos` runs 300), `TALLY_CHAOS_LOG` the
-//! daemons' log filter (default `warn`; their logs are `tally-child-<instance>.log` next
-//! to the binary), `TALLY_FAULT` a fault switch for a replay of a switch's run.
+//! daemons' log filter (default `warn`; their logs are `tally-<instance>.log` under
+//! `target/test-logs/<test>/`), `TALLY_FAULT` a fault switch for a replay of a switch's run.
 //!
 //! **Every check can fail.** After the verdict on the real run, the final state and the
 //! history are tampered with once per check (`tamper.rs`) and every check must report
-//! it; `chaos_catches_each_broken_guarantee` runs the daemons with fault switches
-//! (`TALLY_FAULT`, debug builds only) that break one guarantee each, and requires the
-//! checker to catch every one. docs/ARCHITECTURE.md has the table of checks, what trips
+//! it; `each_broken_guarantee_is_caught::<switch>` runs the daemons with a fault switch
+//! (`TALLY_FAULT`, debug builds only) that breaks one guarantee, a test per switch, and
+//! requires the checker to catch it. docs/ARCHITECTURE.md has the table of checks, what trips
 //! each and the line it prints.
 //!
 //! Not covered: noida-db as the broker (it never expels a member killed with kill -9),
@@ -136,10 +136,11 @@ fn secs() -> u64 {
 /// The one command that replays a run of `seed`.
 fn replay_command(seed: u64, profile: &Profile) -> String {
     match (profile.plan.is_some(), profile.fault) {
-        // A fault switch's run of the switch test (which runs every switch in turn).
-        (true, _) => format!(
+        // A fault switch's run of its test.
+        (true, fault) => format!(
             "TALLY_CHAOS_SEED={seed} cargo test -p tally-integration-tests --test it \
-             chaos::chaos_catches_each_broken_guarantee -- --nocapture"
+             chaos::each_broken_guarantee_is_caught::{} -- --exact --nocapture",
+            fault.unwrap_or_default().replace('-', "_")
         ),
         (false, fault) => format!(
             "{}TALLY_CHAOS_SEED={seed} TALLY_CHAOS_SECS={} cargo test -p tally-integration-tests --test it \
@@ -160,12 +161,20 @@ fn fault_switch() -> Option<&'static str> {
 
 async fn run(seed: u64, profile: &Profile) -> Run {
     let plan = profile.plan.clone().unwrap_or_else(|| plan::plan(seed, Kind::ALL.len().max(profile.secs as usize / 5)));
-    eprintln!(
-        "chaos: seed {seed}, {} faults (TALLY_CHAOS_SECS={}){}\nchaos: replay with {}",
+    let replay = replay_command(seed, profile);
+    let header = format!(
+        "chaos: seed {seed}, {} faults (TALLY_CHAOS_SECS={}){}\nchaos: replay with {replay}",
         plan.len(),
         profile.secs,
         profile.fault.map(|f| format!(", fault switch {f}")).unwrap_or_default(),
-        replay_command(seed, profile)
+    );
+    eprintln!("{header}");
+    // What a failure prints with its logs, and `make test` at the end of the run.
+    tally_integration_tests::logs::record_seed(&replay);
+    let schedule: String = plan.iter().map(|p| format!("chaos: planned {p:?}\n")).collect();
+    let _ = std::fs::write(
+        tally_integration_tests::logs::test_log_dir().join(format!("chaos-{seed}-schedule.log")),
+        format!("{header}\n{schedule}"),
     );
     let env = TestEnv::new().await;
     plan::arm_commit_cuts(&env).await;
@@ -350,30 +359,68 @@ async fn chaos_history_holds_every_invariant() {
 }
 
 /// The checker notices a daemon that breaks a guarantee: with each test fault switch on,
-/// a short run reports the invariant that switch breaks.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_catches_each_broken_guarantee() {
+/// a short run reports the invariant that switch breaks. One test per switch, so that each
+/// stays short and a failure names its switch.
+mod each_broken_guarantee_is_caught {
+    use tally_actors::faults::Fault;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rescore() {
+        super::caught(Fault::Rescore).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn offset_before_commit() {
+        super::caught(Fault::OffsetBeforeCommit).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outbox_out_of_order() {
+        super::caught(Fault::OutboxOutOfOrder).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn skip_inbox() {
+        super::caught(Fault::SkipInbox).await;
+    }
+}
+
+/// A short run with `fault` on reports a violation under one of the checks that
+/// [`tamper::SWITCHES`] names for it.
+async fn caught(fault: tally_actors::faults::Fault) {
     let _turn = TURN.lock().await;
+    let (_, invariants) = tamper::SWITCHES
+        .iter()
+        .find(|(f, _)| *f == fault)
+        .unwrap_or_else(|| panic!("{} has no checks named in tamper::SWITCHES", fault.name()));
     // A record whose offset was committed before its effect is never redelivered: the
     // transfer or order it carried is never final. (On the embedded broker antifraud
     // re-reads its input after every rebalance, since the mock keeps no transactional
     // offsets, so a lost ledger record is often published again; a lost order is not.)
-    for (fault, invariants) in tamper::SWITCHES {
-        // One kill -9 of daemon a (every pipeline, the only outbox publisher), after the
-        // consumers' first auto-commit (5 s), so that offsets stored early are committed
-        // when the daemon dies.
-        let kill = Planned { kind: Kind::Kill, after: 250, target: 0, millis: 2_000 };
-        let profile = Profile {
-            secs: 20,
-            tail: 600,
-            fault: Some(fault.name()),
-            plan: Some(vec![kill]),
-            quiet_within: Duration::from_secs(40),
-        };
-        let run = run(seed(), &profile).await;
-        let seen: usize = run.checks.iter().filter(|c| invariants.contains(&c.name)).map(|c| c.violations.len()).sum();
-        assert!(seen > 0, "with {} on, the checker reported nothing under {invariants:?}", fault.name());
-    }
+    // One kill -9 of daemon a (every pipeline, the only outbox publisher), after the
+    // consumers' first auto-commit (5 s), so that offsets stored early are committed when
+    // the daemon dies, and so that daemon b reads again what a had read.
+    let kill = Planned { kind: Kind::Kill, after: 250, target: 0, millis: 2_000 };
+    let profile = Profile {
+        secs: 20,
+        tail: 600,
+        fault: Some(fault.name()),
+        plan: Some(vec![kill]),
+        quiet_within: Duration::from_secs(40),
+    };
+    let run = run(seed(), &profile).await;
+    let seen: usize = run.checks.iter().filter(|c| invariants.contains(&c.name)).map(|c| c.violations.len()).sum();
+    let reported: Vec<String> = run
+        .checks
+        .iter()
+        .filter(|c| !c.violations.is_empty())
+        .map(|c| format!("{} ({})", c.name, c.violations.len()))
+        .collect();
+    assert!(
+        seen > 0,
+        "with {} on, the checker reported nothing under {invariants:?}; it reported: {reported:?}",
+        fault.name()
+    );
 }
 
 /// Waits until every transfer is final, every order received, every outbox row is
