@@ -41,9 +41,7 @@ async fn produce_analyzed(upstream: &Upstream<'_>, key: &str, payload: &[u8]) ->
 }
 
 async fn accounts(db: &TestDb, rows: &[(&str, i64)]) {
-    for (id, balance) in rows {
-        db.execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ($1, $2, 'BRL')", &[id, balance]).await;
-    }
+    db.fund_accounts(rows).await;
 }
 
 async fn balance(db: &TestDb, id: &str) -> i64 {

@@ -71,8 +71,7 @@ async fn produce_all(upstream: &Upstream<'_>, events: &[Value]) {
 
 async fn accounts(db: &TestDb, rows: &[(&str, i64, &str)]) {
     for (id, balance, currency) in rows {
-        db.execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ($1, $2, $3)", &[id, balance, currency])
-            .await;
+        db.fund_accounts_in("", currency, &[(id, *balance)]).await;
     }
 }
 

@@ -266,10 +266,9 @@ async fn a_partition_revoked_while_its_owner_waits_for_the_database_is_redone_by
         })
         .await;
     let sources: Vec<String> = (0..8).map(|i| format!("R-{i}")).collect();
-    for id in &sources {
-        env.db.execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ($1, 100000, 'BRL')", &[id]).await;
-    }
-    env.db.execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ('R-SINK', 0, 'BRL')", &[]).await;
+    let mut rows: Vec<(&str, i64)> = sources.iter().map(|id| (id.as_str(), 100_000)).collect();
+    rows.push(("R-SINK", 0));
+    env.db.fund_accounts(&rows).await;
     wait_until("the first daemon owns the ledger's partitions", Deadline::DEFAULT, || async {
         let n = pipeline(&first, "ledger").await["partitions"].as_array().map_or(0, Vec::len);
         if n > 0 {

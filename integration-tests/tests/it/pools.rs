@@ -58,11 +58,7 @@ async fn a_stage_holding_every_connection_of_its_pool_starves_no_other_stage() {
     let sources: Vec<String> = (0..LEDGER_POOL).map(|i| format!("POOL-S{i}")).collect();
     for (i, source) in sources.iter().enumerate() {
         let destination = format!("POOL-D{i}");
-        for (id, balance) in [(source.as_str(), 1_000_i64), (destination.as_str(), 0)] {
-            env.db
-                .execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ($1, $2, 'BRL')", &[&id, &balance])
-                .await;
-        }
+        env.db.fund_accounts(&[(source.as_str(), 1_000), (destination.as_str(), 0)]).await;
     }
     // FOR NO KEY UPDATE: settlement's FOR UPDATE waits on it; intake's foreign key checks
     // (FOR KEY SHARE) would not.

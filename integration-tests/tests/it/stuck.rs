@@ -29,9 +29,7 @@ fn analyzed(transfer_id: Uuid, from: &str, to: &str, amount: i64) -> Value {
 }
 
 async fn accounts(db: &TestDb, rows: &[(&str, i64)]) {
-    for (id, balance) in rows {
-        db.execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ($1, $2, 'BRL')", &[id, balance]).await;
-    }
+    db.fund_accounts(rows).await;
 }
 
 async fn processed(db: &TestDb, id: Uuid) -> i64 {
