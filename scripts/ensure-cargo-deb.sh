@@ -10,6 +10,10 @@ root=target/cargo-deb
 bin=$root/bin/cargo-deb
 marker=$root/installed-$version
 
+# Tests and CI's early installs may ask at once: one installs, the others wait.
+mkdir -p "$root"
+exec 9>"$root/.lock"
+flock 9
 if [ ! -x "$bin" ] || [ ! -f "$marker" ]; then
   echo "Installing cargo-deb $version under $root ..." >&2
   cargo install --quiet --locked --root "$root" --version "=$version" cargo-deb
