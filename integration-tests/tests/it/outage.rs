@@ -165,9 +165,8 @@ async fn an_admin_pause_survives_the_end_of_a_degradation() {
     // resume with the later transfers.)
     wait_until("the records taken before the pause finish", Deadline::DEFAULT, || async {
         let status = pipeline(&app, "ledger").await;
-        let in_flight: u64 = status["partitions"]
-            .as_array()
-            .map_or(0, |ps| ps.iter().filter_map(|p| p["inFlight"].as_u64()).sum());
+        let in_flight: u64 =
+            status["partitions"].as_array().map_or(0, |ps| ps.iter().filter_map(|p| p["inFlight"].as_u64()).sum());
         if in_flight == 0 {
             Ok(())
         } else {
