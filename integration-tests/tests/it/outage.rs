@@ -77,6 +77,12 @@ async fn transfers_waiting_for_the_ledger(app: &TestApp, n: usize) -> Vec<Uuid> 
     ids
 }
 
+/// Records the ledger has taken and not finished, over its partitions.
+async fn in_flight(app: &TestApp) -> u64 {
+    let status = pipeline(app, "ledger").await;
+    status["partitions"].as_array().map_or(0, |ps| ps.iter().filter_map(|p| p["inFlight"].as_u64()).sum())
+}
+
 async fn wait_degraded(app: &TestApp, degraded: bool) -> Value {
     wait_until(&format!("the ledger reports degraded = {degraded}"), Deadline::DEFAULT, || async {
         let status = pipeline(app, "ledger").await;
@@ -156,30 +162,26 @@ async fn an_admin_pause_survives_the_end_of_a_degradation() {
     assert_eq!(admin_post(&app, "/admin/pipelines/ledger/resume").await.status(), StatusCode::OK);
     wait_degraded(&app, true).await;
     assert_eq!(admin_post(&app, "/admin/pipelines/ledger/pause").await.status(), StatusCode::OK);
+    let taken = in_flight(&app).await;
     env.db.allow_connections().await;
     let status = wait_degraded(&app, false).await;
     assert_eq!(status["paused"], true, "{status}");
-    // What the ledger had taken before the pause finishes: at least the record whose
-    // failure made it degraded. (A degraded pipeline pauses its partitions, so records of
-    // partitions not fetched before the first failure are not taken: they wait for the
-    // resume with the later transfers.)
+    // What the ledger had taken before the pause finishes while it stays paused. (A
+    // degraded pipeline pauses its partitions, so records of partitions not fetched before
+    // the first failure are not taken: they wait for the resume with the later transfers.)
     wait_until("the records taken before the pause finish", Deadline::DEFAULT, || async {
-        let status = pipeline(&app, "ledger").await;
-        let in_flight: u64 =
-            status["partitions"].as_array().map_or(0, |ps| ps.iter().filter_map(|p| p["inFlight"].as_u64()).sum());
-        if in_flight == 0 {
-            Ok(())
-        } else {
-            Err(format!("{in_flight} in flight: {status}"))
+        match in_flight(&app).await {
+            0 => Ok(()),
+            n => Err(format!("{n} in flight")),
         }
     })
     .await;
     let mut finished = 0;
     for id in &ids {
         let state = json_body(app.get(&format!("/transfers/{id}")).await).await;
-        finished += usize::from(state["status"] != "PENDING");
+        finished += u64::from(state["status"] != "PENDING");
     }
-    assert!(finished >= 1, "the record taken when the database failed finished after it came back");
+    assert!(finished >= taken, "{taken} records were in flight at the pause, {finished} transfers finished");
     let later = vec![post_transfer(&app, "O-A", "O-C", 7).await, post_transfer(&app, "O-B", "O-D", 9).await];
     wait_until("antifraud decided the later transfers", Deadline::DEFAULT, || async {
         let analyzed =
