@@ -83,6 +83,17 @@ diesel::table! {
 }
 
 diesel::table! {
+    issuance_audit (transfer_id) {
+        transfer_id -> Uuid,
+        #[max_length = 64]
+        client -> Varchar,
+        #[max_length = 16]
+        authority -> Varchar,
+        recorded_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     notification_deliveries (event_id) {
         event_id -> Uuid,
         #[max_length = 255]
@@ -199,6 +210,7 @@ diesel::table! {
     }
 }
 
+diesel::joinable!(issuance_audit -> transfers (transfer_id));
 diesel::joinable!(postings -> accounts (account_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
@@ -207,6 +219,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     dead_letters,
     dlt_replays,
     heartbeats,
+    issuance_audit,
     notification_deliveries,
     orders,
     outbox_events,

@@ -16,10 +16,8 @@ use uuid::Uuid;
 
 use super::{unit, Sent};
 
-/// Opens customer account `id` of `owner`; `None` when the id is taken. A positive
-/// `balance_cents` is issued to it in the same statement, with postings, from the issuance
-/// account of its currency (the `accounts_issued` trigger, `tally_issue`), as an issuance
-/// transfer of `owner`: the caller has checked that `owner` may issue.
+/// Opens customer account `id` of `owner`, empty; `None` when the id is taken. An opening
+/// balance is issued by [`crate::store::issuance::open_account`], which calls this.
 ///
 /// # Errors
 /// When the database fails.
@@ -27,12 +25,11 @@ pub async fn create_account(
     conn: &mut AsyncPgConnection,
     id: &str,
     currency: &str,
-    balance_cents: i64,
     owner: &str,
 ) -> Result<Option<Account>, diesel::result::Error> {
     let row = Account {
         id: id.to_owned(),
-        balance_cents,
+        balance_cents: 0,
         currency: currency.to_owned(),
         created_at: Utc::now(),
         owner: owner.to_owned(),

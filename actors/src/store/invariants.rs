@@ -155,6 +155,15 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
                      WHERE d.outcome = 'BLOCKED' AND EXISTS (SELECT 1 FROM postings p WHERE p.transfer_id = d.transfer_id)",
                 )
                 .await?;
+                // Every issuance names the client on whose authority it was made, in a row
+                // written with it: money minted by hand in SQL has none.
+                let unauthorized_issuances = count(
+                    conn,
+                    "SELECT count(*) AS n FROM transfers t \
+                     WHERE t.kind = 'issuance' \
+                       AND NOT EXISTS (SELECT 1 FROM issuance_audit a WHERE a.transfer_id = t.id)",
+                )
+                .await?;
                 let invariants = vec![
                     InvariantResult {
                         name: INVARIANTS[0],
@@ -204,6 +213,11 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
                         ok: without_provenance == 0,
                         detail: serde_json::json!({ "violations": without_provenance }),
                     },
+                    InvariantResult {
+                        name: INVARIANTS[8],
+                        ok: unauthorized_issuances == 0,
+                        detail: serde_json::json!({ "violations": unauthorized_issuances }),
+                    },
                 ];
                 Ok(LedgerCheck { ok: invariants.iter().all(|i| i.ok), invariants })
             }
@@ -213,7 +227,7 @@ pub async fn check_ledger(conn: &mut AsyncPgConnection) -> Result<LedgerCheck, d
 }
 
 /// The name of every invariant a check measures, as `tally_ledger_invariant_ok` labels it.
-pub const INVARIANTS: [&str; 8] = [
+pub const INVARIANTS: [&str; 9] = [
     "money_conserved",
     "balances_match_postings",
     "settled_have_one_debit_and_one_credit",
@@ -222,6 +236,7 @@ pub const INVARIANTS: [&str; 8] = [
     "status_agrees_with_postings",
     "blocked_transfers_have_no_postings",
     "postings_have_provenance",
+    "issuances_authorized",
 ];
 
 /// Publishes a check as `tally_ledger_invariant_ok{invariant}` gauges.

@@ -1,9 +1,12 @@
 //! Issuance: money entering the ledger, as a transfer from the issuance account of its
 //! currency (`issuance:<CUR>`, whose balance is minus everything issued in it) settled at
-//! once with its postings. An opening balance is issued by the `accounts_issued` trigger
-//! when the account is inserted; a top-up by [`issue`]. Both end in the `tally_issue`
+//! once with its postings. An opening balance is issued by [`open_account`] (or
+//! [`open_funded`], many at once), a top-up by [`issue`]. Each ends in the `tally_issue`
 //! function of the migration `2026-12-04-000010_owners_and_issuance`, so the money moves
-//! one way only. Who may issue is [`crate::authority`]'s to say, before this is called.
+//! one way only, and writes in the same transaction the `issuance_audit` row that names
+//! the client on whose authority it was issued (the ledger check's
+//! `issuances_authorized`). Who may issue is [`crate::authority`]'s to say, before this is
+//! called.
 
 use chrono::Utc;
 use diesel::prelude::*;
@@ -126,20 +129,160 @@ pub async fn issue(conn: &mut AsyncPgConnection, top_up: &TopUp) -> Result<Issue
                 .bind::<BigInt, _>(top_up.amount_cents)
                 .execute(conn)
                 .await?;
-            diesel::sql_query("SELECT tally_issue($1, $2, $3, $4, $5, $6)")
-                .bind::<Array<SqlUuid>, _>(vec![inserted.id])
-                .bind::<Array<Text>, _>(vec![top_up.destination.as_str()])
-                .bind::<Array<Text>, _>(vec![top_up.currency.as_str()])
-                .bind::<Array<BigInt>, _>(vec![top_up.amount_cents])
-                .bind::<Array<Text>, _>(vec![top_up.client.as_str()])
-                .bind::<Array<Timestamptz>, _>(vec![now])
-                .execute(conn)
-                .await?;
+            let credit = Credit {
+                transfer: inserted.id,
+                account: &top_up.destination,
+                amount_cents: top_up.amount_cents,
+                currency: &top_up.currency,
+            };
+            issue_credits(conn, &[credit], &top_up.client, now).await?;
             Ok(Issued::New(inserted))
         }
         .scope_boxed()
     })
     .await
+}
+
+/// Money issued to an account whose balance already holds it.
+struct Credit<'a> {
+    transfer: Uuid,
+    account: &'a str,
+    amount_cents: i64,
+    currency: &'a str,
+}
+
+/// The issuance transfers of `credits` (their postings, the issuance accounts' balances)
+/// and their audit rows, naming `client` as the one holding the `issue` scope. Inside the
+/// caller's transaction, which has credited the accounts.
+async fn issue_credits(
+    conn: &mut AsyncPgConnection,
+    credits: &[Credit<'_>],
+    client: &str,
+    at: chrono::DateTime<Utc>,
+) -> Result<(), diesel::result::Error> {
+    if credits.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = credits.iter().map(|c| c.transfer).collect();
+    diesel::sql_query("SELECT tally_issue($1, $2, $3, $4, $5, $6)")
+        .bind::<Array<SqlUuid>, _>(&ids)
+        .bind::<Array<Text>, _>(credits.iter().map(|c| c.account).collect::<Vec<_>>())
+        .bind::<Array<Text>, _>(credits.iter().map(|c| c.currency).collect::<Vec<_>>())
+        .bind::<Array<BigInt>, _>(credits.iter().map(|c| c.amount_cents).collect::<Vec<_>>())
+        .bind::<Array<Text>, _>(vec![client; credits.len()])
+        .bind::<Array<Timestamptz>, _>(vec![at; credits.len()])
+        .execute(conn)
+        .await?;
+    diesel::sql_query(
+        "INSERT INTO issuance_audit (transfer_id, client, authority, recorded_at) \
+         SELECT t, $2, 'api', $3 FROM unnest($1::uuid[]) AS u(t)",
+    )
+    .bind::<Array<SqlUuid>, _>(&ids)
+    .bind::<Text, _>(client)
+    .bind::<Timestamptz, _>(at)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// An account to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opening {
+    pub id: String,
+    pub currency: String,
+    /// Issued to it as it opens (the caller checked that `owner` may issue when positive).
+    pub balance_cents: i64,
+    /// The API client that opens it: it owns the account, and issues its balance.
+    pub owner: String,
+}
+
+/// Opens the account of `opening`, its opening balance issued in the same transaction;
+/// `None` when the id is taken (nothing is issued then).
+///
+/// # Errors
+/// When the database fails; nothing is opened or issued then.
+pub async fn open_account(
+    conn: &mut AsyncPgConnection,
+    opening: &Opening,
+) -> Result<Option<tally_schema::models::Account>, diesel::result::Error> {
+    conn.transaction(|conn| {
+        async move {
+            let Some(mut account) =
+                super::accounts::create_account(conn, &opening.id, &opening.currency, &opening.owner).await?
+            else {
+                return Ok(None);
+            };
+            if opening.balance_cents > 0 {
+                credit(conn, &[(opening.id.as_str(), opening.balance_cents)]).await?;
+                let credit = Credit {
+                    transfer: Uuid::now_v7(),
+                    account: &opening.id,
+                    amount_cents: opening.balance_cents,
+                    currency: &opening.currency,
+                };
+                issue_credits(conn, &[credit], &opening.owner, account.created_at).await?;
+                account.balance_cents = opening.balance_cents;
+            }
+            Ok(Some(account))
+        }
+        .scope_boxed()
+    })
+    .await
+}
+
+/// Opens every account of `rows` (id, opening balance) in `currency` for `owner` in one
+/// transaction, each balance issued as [`open_account`] issues it: for the bench and the
+/// tests, which fund thousands of accounts at once.
+///
+/// # Errors
+/// When an id is taken or the database fails; nothing is opened then.
+pub async fn open_funded(
+    conn: &mut AsyncPgConnection,
+    owner: &str,
+    currency: &str,
+    rows: &[(String, i64)],
+) -> Result<(), diesel::result::Error> {
+    conn.transaction(|conn| {
+        async move {
+            let now = Utc::now();
+            diesel::sql_query(
+                "INSERT INTO accounts (id, balance_cents, currency, owner, kind, created_at) \
+                 SELECT id, 0, $2, $3, 'customer', $4 FROM unnest($1::text[]) AS u(id)",
+            )
+            .bind::<Array<Text>, _>(rows.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>())
+            .bind::<Text, _>(currency)
+            .bind::<Text, _>(owner)
+            .bind::<Timestamptz, _>(now)
+            .execute(conn)
+            .await?;
+            let funded: Vec<(&str, i64)> =
+                rows.iter().filter(|(_, cents)| *cents > 0).map(|(id, cents)| (id.as_str(), *cents)).collect();
+            credit(conn, &funded).await?;
+            let credits: Vec<Credit<'_>> = funded
+                .iter()
+                .map(|(id, cents)| Credit { transfer: Uuid::now_v7(), account: id, amount_cents: *cents, currency })
+                .collect();
+            issue_credits(conn, &credits, owner, now).await
+        }
+        .scope_boxed()
+    })
+    .await
+}
+
+/// Adds each amount to its account's balance.
+async fn credit(conn: &mut AsyncPgConnection, amounts: &[(&str, i64)]) -> Result<(), diesel::result::Error> {
+    if amounts.is_empty() {
+        return Ok(());
+    }
+    diesel::sql_query(
+        "UPDATE accounts AS a SET balance_cents = a.balance_cents + u.cents \
+         FROM unnest($1::text[], $2::bigint[]) AS u(id, cents) WHERE a.id = u.id",
+    )
+    .bind::<Array<Text>, _>(amounts.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+    .bind::<Array<BigInt>, _>(amounts.iter().map(|(_, cents)| *cents).collect::<Vec<_>>())
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// The transfer of `top_up`'s client under its idempotency key, if any.

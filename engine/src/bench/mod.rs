@@ -358,13 +358,12 @@ async fn reset_database(server_url: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Opens `n` accounts, their balances issued as tally issues opening balances.
 async fn create_accounts(url: &str, n: usize) -> anyhow::Result<()> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    let driver = tokio::spawn(conn);
-    let n = i32::try_from(n).context("too many accounts")?;
-    client.execute(&sql::create_accounts(), &[&n]).await?;
-    drop(client);
-    let _ = driver.await;
+    use diesel_async::AsyncConnection;
+    let mut conn = diesel_async::AsyncPgConnection::establish(url).await.context("connect to the bench database")?;
+    let rows: Vec<(String, i64)> = (0..n).map(|i| (account(i), 1_000_000)).collect();
+    tally_actors::store::issuance::open_funded(&mut conn, "", "BRL", &rows).await.context("open the accounts")?;
     Ok(())
 }
 

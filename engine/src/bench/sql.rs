@@ -17,15 +17,6 @@ pub fn drop_database(name: &str) -> String {
     format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")
 }
 
-/// Creates accounts `0..$1` with 1,000,000 cents each.
-#[must_use]
-pub fn create_accounts() -> String {
-    format!(
-        "INSERT INTO accounts (id, balance_cents, currency) \
-         SELECT {ACCOUNT_ID_SQL}, 1000000, 'BRL' FROM generate_series(0, $1 - 1) AS i"
-    )
-}
-
 /// Inserts `$1` PENDING transfers over `$2` accounts; returns their ids and source accounts.
 #[must_use]
 pub fn insert_pending_transfers() -> String {

@@ -12,7 +12,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
 use tally_actors::authority::{AccountRef, Scope, ISSUANCE_PREFIX};
-use tally_actors::store::accounts;
+use tally_actors::store::{accounts, issuance};
 
 /// An account to open; `initialBalanceCents` is at most `ledger.max_balance_cents`, and
 /// more than 0 is issued money (the `issue` scope).
@@ -83,7 +83,13 @@ pub async fn create_account(
         caller.require(Scope::Issue)?;
     }
     let mut conn = state.pool.get().await?;
-    match accounts::create_account(&mut conn, id.as_str(), currency.as_str(), balance, &caller.name).await? {
+    let opening = issuance::Opening {
+        id: id.as_str().to_owned(),
+        currency: currency.as_str().to_owned(),
+        balance_cents: balance,
+        owner: caller.name.clone(),
+    };
+    match issuance::open_account(&mut conn, &opening).await? {
         Some(account) if balance > 0 => {
             super::issuances::audit_issue(&caller, &req, &account.id, balance, &account.currency);
             Ok(opened(account))

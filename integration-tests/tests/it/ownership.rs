@@ -273,4 +273,46 @@ async fn the_ledger_check_fails_on_money_from_nowhere() {
     .await;
     let check = ledger_check(&app).await;
     assert_eq!(failing(&check), ["postings_have_provenance"], "{check}");
+    env.db
+        .batch(&format!(
+        "DELETE FROM postings WHERE transfer_id = '{id}'; DELETE FROM processed_transfers WHERE transfer_id = '{id}'; \
+         DELETE FROM transfers WHERE id = '{id}'; \
+         UPDATE accounts SET balance_cents = balance_cents + 10 WHERE id = 'NW-A'; \
+         UPDATE accounts SET balance_cents = balance_cents - 10 WHERE id = 'NW-B';"
+    ))
+        .await;
+    assert_eq!(ledger_check(&app).await["ok"], true);
+
+    // Money issued by hand with tally's own SQL function, balanced, postings and all, but
+    // on nobody's authority: no audit row says which client holding `issue` made it.
+    env.db
+        .batch(&format!(
+            "UPDATE accounts SET balance_cents = balance_cents + 500000 WHERE id = 'NW-B'; \
+         SELECT tally_issue(ARRAY['{}'::uuid], ARRAY['NW-B']::varchar[], ARRAY['BRL'], ARRAY[500000::bigint], \
+                            ARRAY['b']::varchar[], ARRAY[now()]);",
+            uuid::Uuid::new_v4()
+        ))
+        .await;
+    let check = ledger_check(&app).await;
+    assert_eq!(failing(&check), ["issuances_authorized"], "{check}");
+}
+
+/// An account inserted with a balance by anyone but tally would mint money: refused, and
+/// nothing moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_sql_insert_mints_nothing() {
+    let (env, app) = daemon().await;
+    let minted = env
+        .db
+        .client()
+        .execute(
+            "INSERT INTO accounts (id, currency, balance_cents, owner) VALUES ('SQL-MINT-1', 'BRL', 500000, 'alice')",
+            &[],
+        )
+        .await
+        .expect_err("refused");
+    assert!(minted.as_db_error().is_some_and(|e| e.message().contains("mint money")), "{minted}");
+    assert_eq!(env.db.count("accounts").await, 0, "{minted}");
+    assert_eq!(env.db.count("transfers").await, 0);
+    assert_eq!(ledger_check(&app).await["ok"], true);
 }

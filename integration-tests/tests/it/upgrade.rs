@@ -1,8 +1,10 @@
 //! Upgrading a database across the migration that made opening balances issuance: the
 //! expand step turns every opening balance into an issuance with postings and keeps an
 //! older release's writes working (its POST /accounts still inserts a balance, which is
-//! issued as it lands); the contract step, once no older release runs, drops what only
-//! that release wrote. The ledger check holds at every step.
+//! issued as it lands, audited as the older release's; anyone else's such INSERT is
+//! refused); the contract step, once no older release runs, drops what only that release
+//! wrote, after which no INSERT issues money. The ledger check holds at every step, and
+//! fails on a balance inserted by hand after the contract.
 #![allow(clippy::expect_used)] // tests: a failed expectation is a failed test, with its message
 
 use std::path::Path;
@@ -59,6 +61,23 @@ async fn check(url: &str) -> serde_json::Value {
     serde_json::to_value(check).expect("json")
 }
 
+/// The names of the invariants a check reports broken.
+fn failing(check: &serde_json::Value) -> Vec<String> {
+    check["invariants"]
+        .as_array()
+        .expect("invariants")
+        .iter()
+        .filter(|i| i["ok"] == false)
+        .map(|i| i["name"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
 async fn scalar(client: &tokio_postgres::Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
 }
@@ -88,7 +107,7 @@ async fn opening_balances_become_issuance_and_an_older_release_keeps_working() {
 
     // Expand: what `tally run` of this release applies at start.
     let applied = migrate::prepare_blocking(&url).expect("expand");
-    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(applied.len(), 2, "{applied:?}");
     let after = check(&url).await;
     assert_eq!(after["ok"], true, "{after}");
     assert_eq!(scalar(&client, "SELECT balance_cents FROM accounts WHERE id = 'issuance:BRL'").await, -1000);
@@ -97,8 +116,10 @@ async fn opening_balances_become_issuance_and_an_older_release_keeps_working() {
     assert_eq!(scalar(&client, "SELECT balance_cents FROM accounts WHERE id = 'A'").await, 700, "balances kept");
 
     // An instance of the older release, still running during the rolling upgrade, opens
-    // an account the way it did: the balance is issued as it lands.
-    client
+    // an account the way it did, on a connection of its pools (named tally-*): the
+    // balance is issued as it lands, on the older release's authority.
+    let older_release = connect(&format!("{url}?application_name=tally-http")).await;
+    older_release
         .execute(
             "INSERT INTO accounts (id, balance_cents, currency, opening_balance_cents, created_at) \
              VALUES ('OLD', 250, 'BRL', 250, now())",
@@ -109,19 +130,42 @@ async fn opening_balances_become_issuance_and_an_older_release_keeps_working() {
     let after = check(&url).await;
     assert_eq!(after["ok"], true, "{after}");
     assert_eq!(scalar(&client, "SELECT balance_cents FROM accounts WHERE id = 'issuance:BRL'").await, -1250);
+    let audited = "SELECT count(*) FROM issuance_audit a JOIN transfers t ON t.id = a.transfer_id \
+                   WHERE t.destination_account = 'OLD' AND a.authority = 'older-release'";
+    assert_eq!(scalar(&client, audited).await, 1, "audited as the older release's");
+    // Anyone else's INSERT with a balance would mint money: refused.
+    let minted = client
+        .execute(
+            "INSERT INTO accounts (id, currency, balance_cents, owner) VALUES ('SQL-MINT-1', 'BRL', 500000, 'alice')",
+            &[],
+        )
+        .await
+        .expect_err("a bare INSERT with a balance is refused");
+    assert!(minted.as_db_error().is_some_and(|e| e.message().contains("mint money")), "{minted}");
     // The older release's own check still holds on the new schema.
     let older = scalar(&client, "SELECT (sum(balance_cents) - sum(opening_balance_cents))::bigint FROM accounts").await;
     assert_eq!(older, 0, "the older release's money check");
 
     // Contract, once no older instance runs.
     let applied = migrate::contract_blocking(&url).expect("contract");
-    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(applied.len(), 2, "{applied:?}");
     let column = "SELECT count(*) FROM information_schema.columns WHERE table_name = 'accounts' AND column_name = 'opening_balance_cents'";
     assert_eq!(scalar(&client, column).await, 0);
-    client
-        .execute("INSERT INTO accounts (id, balance_cents, currency, owner) VALUES ('NEW', 40, 'BRL', 'shop')", &[])
+    let after = check(&url).await;
+    assert_eq!(after["ok"], true, "{after}");
+    // No INSERT issues money any more, not even on a connection named as tally's: a
+    // balance inserted by hand holds money without postings, and the check says so.
+    older_release
+        .execute(
+            "INSERT INTO accounts (id, currency, balance_cents, owner) VALUES ('SQL-MINT-1', 'BRL', 500000, 'alice')",
+            &[],
+        )
         .await
         .expect("an insert after the contract");
+    let after = check(&url).await;
+    assert_eq!(failing(&after), ["money_conserved", "balances_match_postings"], "{after}");
+    assert_eq!(scalar(&client, "SELECT count(*) FROM transfers WHERE destination_account = 'SQL-MINT-1'").await, 0);
+    older_release.execute("DELETE FROM accounts WHERE id = 'SQL-MINT-1'", &[]).await.expect("undo the mint");
     let after = check(&url).await;
     assert_eq!(after["ok"], true, "{after}");
     assert_eq!(migrate::prepare_blocking(&url).expect("a start after the contract"), Vec::<String>::new());
