@@ -122,8 +122,8 @@ pub struct AccountRef<'a> {
 pub const CUSTOMER: &str = "customer";
 /// `accounts.kind` of the account money is issued from, one per currency.
 pub const ISSUANCE: &str = "issuance";
-/// Ids of issuance accounts start with this; no client may open one.
-pub const ISSUANCE_PREFIX: &str = "issuance:";
+/// Ids of issuance accounts start with this; no client may open one (in any letter case).
+pub use tally_schema::values::ISSUANCE_PREFIX;
 
 /// The issuance account of `currency`.
 #[must_use]

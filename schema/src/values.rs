@@ -10,6 +10,11 @@ use serde::{Deserialize, Serialize};
 pub enum ValueError {
     #[error("{field} must be 1 to 32 characters without whitespace or control characters")]
     AccountId { field: &'static str },
+    #[error(
+        "{field} must be 1 to 32 characters, each a letter A-Z or a-z, a digit or one of . _ : @ + -, \
+         and must not start with issuance: in any letter case (the issuance accounts' names)"
+    )]
+    NewAccountId { field: &'static str },
     #[error("{field} must be 3 uppercase letters (ISO 4217), e.g. \"BRL\"")]
     Currency { field: &'static str },
     #[error("{field} must be a positive integer number of cents that fits in 64 bits")]
@@ -44,6 +49,25 @@ impl AccountId {
         Ok(Self(value.to_owned()))
     }
 
+    /// Validates `value` as the id of an account to open, by the stricter rule of new ids:
+    /// 1..=32 characters of ASCII letters, digits and `. _ : @ + -`, not starting with
+    /// `issuance:` in any letter case. No two ids may then look alike: there is no
+    /// invisible, right-to-left, look-alike or full-width character to hide a difference
+    /// in, and letter case is the one difference left, which the database's uniqueness
+    /// ignores (`accounts_id_folded`). Ids opened before the rule keep working: every other
+    /// use of an id takes [`AccountId::parse`].
+    ///
+    /// # Errors
+    /// [`ValueError::NewAccountId`] when the value breaks the rule.
+    pub fn parse_new(field: &'static str, value: &str) -> Result<Self, ValueError> {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "._:@+-".contains(c);
+        let reserved = value.get(..ISSUANCE_PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(ISSUANCE_PREFIX));
+        if value.is_empty() || value.len() > 32 || !value.chars().all(allowed) || reserved {
+            return Err(ValueError::NewAccountId { field });
+        }
+        Ok(Self(value.to_owned()))
+    }
+
     #[must_use]
     pub fn as_str(&self) -> &str {
         &self.0
@@ -54,6 +78,9 @@ impl AccountId {
         self.0
     }
 }
+
+/// The prefix of the issuance accounts' ids (`issuance:BRL`), reserved in any letter case.
+pub const ISSUANCE_PREFIX: &str = "issuance:";
 
 impl fmt::Display for AccountId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -87,6 +114,33 @@ impl Currency {
 impl fmt::Display for Currency {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// ISO 4217's active currency codes, sorted: national currencies, the funds codes and the
+/// precious metals and supranational units (`XAU`, `XDR`, ...), without the codes for
+/// testing (`XTS`) and for no currency (`XXX`), and without those withdrawn (`HRK`,
+/// `CUC`, `SLL`, `ZWL`). `ledger.extra_currencies` accepts others.
+pub const ISO_4217_ACTIVE: &[&str] = &[
+    "AED", "AFN", "ALL", "AMD", "ANG", "AOA", "ARS", "AUD", "AWG", "AZN", "BAM", "BBD", "BDT", "BGN", "BHD", "BIF",
+    "BMD", "BND", "BOB", "BOV", "BRL", "BSD", "BTN", "BWP", "BYN", "BZD", "CAD", "CDF", "CHE", "CHF", "CHW", "CLF",
+    "CLP", "CNY", "COP", "COU", "CRC", "CUP", "CVE", "CZK", "DJF", "DKK", "DOP", "DZD", "EGP", "ERN", "ETB", "EUR",
+    "FJD", "FKP", "GBP", "GEL", "GHS", "GIP", "GMD", "GNF", "GTQ", "GYD", "HKD", "HNL", "HTG", "HUF", "IDR", "ILS",
+    "INR", "IQD", "IRR", "ISK", "JMD", "JOD", "JPY", "KES", "KGS", "KHR", "KMF", "KPW", "KRW", "KWD", "KYD", "KZT",
+    "LAK", "LBP", "LKR", "LRD", "LSL", "LYD", "MAD", "MDL", "MGA", "MKD", "MMK", "MNT", "MOP", "MRU", "MUR", "MVR",
+    "MWK", "MXN", "MXV", "MYR", "MZN", "NAD", "NGN", "NIO", "NOK", "NPR", "NZD", "OMR", "PAB", "PEN", "PGK", "PHP",
+    "PKR", "PLN", "PYG", "QAR", "RON", "RSD", "RUB", "RWF", "SAR", "SBD", "SCR", "SDG", "SEK", "SGD", "SHP", "SLE",
+    "SOS", "SRD", "SSP", "STN", "SVC", "SYP", "SZL", "THB", "TJS", "TMT", "TND", "TOP", "TRY", "TTD", "TWD", "TZS",
+    "UAH", "UGX", "USD", "USN", "UYI", "UYU", "UYW", "UZS", "VED", "VES", "VND", "VUV", "WST", "XAF", "XAG", "XAU",
+    "XBA", "XBB", "XBC", "XBD", "XCD", "XCG", "XDR", "XOF", "XPD", "XPF", "XPT", "XSU", "XUA", "YER", "ZAR", "ZMW",
+    "ZWG",
+];
+
+impl Currency {
+    /// Whether this is one of [`ISO_4217_ACTIVE`].
+    #[must_use]
+    pub fn is_iso_4217_active(self) -> bool {
+        ISO_4217_ACTIVE.binary_search(&self.as_str()).is_ok()
     }
 }
 
@@ -216,6 +270,44 @@ fn flaw_in(value: &serde_json::Value) -> Option<(Flaw, Vec<Step<'_>>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_account_ids_have_no_look_alikes() {
+        for ok in ["acc-alice", "A", "x".repeat(32).as_str(), "shop:1.2_3@eu+x", "Issuance-BRL", "issuance"] {
+            assert!(AccountId::parse_new("id", ok).is_ok(), "{ok:?} refused");
+        }
+        for bad in [
+            "",
+            &"x".repeat(33),
+            "acc\u{200b}-alice", // a zero-width space
+            "acc-alice\u{200f}", // a right-to-left mark
+            "\u{410}CC-1",       // a Cyrillic A
+            "\u{ff21}CC-1",      // a full-width A
+            "caf\u{e9}",         // any letter beyond ASCII
+            "acc alice",
+            "acc/alice",
+            "issuance:BRL",
+            "Issuance:BRL",
+            "ISSUANCE:brl",
+        ] {
+            let refused = AccountId::parse_new("id", bad).expect_err(&format!("{bad:?} accepted"));
+            assert!(refused.to_string().starts_with("id must be 1 to 32 characters"), "{refused}");
+        }
+        // Ids opened before the rule keep working everywhere else.
+        assert!(AccountId::parse("sourceAccount", "caf\u{e9}").is_ok());
+    }
+
+    #[test]
+    fn currencies_are_iso_4217_active_codes() {
+        assert!(ISO_4217_ACTIVE.windows(2).all(|w| w[0] < w[1]), "sorted, for the binary search");
+        assert!(ISO_4217_ACTIVE.iter().all(|c| Currency::parse("c", c).is_ok()));
+        for active in ["BRL", "USD", "EUR", "JPY", "XAU", "ZWG", "AED"] {
+            assert!(Currency::parse("c", active).expect("well formed").is_iso_4217_active(), "{active}");
+        }
+        for other in ["ZZZ", "XTS", "XXX", "HRK", "ABC"] {
+            assert!(!Currency::parse("c", other).expect("well formed").is_iso_4217_active(), "{other}");
+        }
+    }
 
     #[test]
     fn json_text_refuses_nul_anywhere_and_names_it() {

@@ -197,7 +197,9 @@ pub struct Opening {
 }
 
 /// Opens the account of `opening`, its opening balance issued in the same transaction;
-/// `None` when the id is taken (nothing is issued then).
+/// `None` when the id is taken, exactly or but for letter case (nothing is issued then).
+/// Two requests racing for ids that differ only in case: the second fails on the index
+/// `accounts_id_folded` ([`is_folded_id_conflict`]).
 ///
 /// # Errors
 /// When the database fails; nothing is opened or issued then.
@@ -207,6 +209,15 @@ pub async fn open_account(
 ) -> Result<Option<tally_schema::models::Account>, diesel::result::Error> {
     conn.transaction(|conn| {
         async move {
+            let folded: Option<i32> = diesel::sql_query("SELECT 1 AS one FROM accounts WHERE lower(id) = lower($1)")
+                .bind::<Text, _>(&opening.id)
+                .get_result::<One>(conn)
+                .await
+                .optional()?
+                .map(|r| r.one);
+            if folded.is_some() {
+                return Ok(None);
+            }
             let Some(mut account) =
                 super::accounts::create_account(conn, &opening.id, &opening.currency, &opening.owner).await?
             else {
@@ -228,6 +239,20 @@ pub async fn open_account(
         .scope_boxed()
     })
     .await
+}
+
+#[derive(QueryableByName)]
+struct One {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    one: i32,
+}
+
+/// Whether `e` is the refusal of an account id that differs from an existing one only in
+/// letter case (the unique index `accounts_id_folded`).
+#[must_use]
+pub fn is_folded_id_conflict(e: &diesel::result::Error) -> bool {
+    matches!(e, diesel::result::Error::DatabaseError(diesel::result::DatabaseErrorKind::UniqueViolation, info)
+        if info.constraint_name() == Some("accounts_id_folded"))
 }
 
 /// Opens every account of `rows` (id, opening balance) in `currency` for `owner` in one

@@ -221,6 +221,7 @@ pub async fn start(
         intake_guard: crate::http::auth_guard::AuthGuard::new("intake", &metrics),
         admin_guard: crate::http::auth_guard::AuthGuard::new("admin", &metrics),
         max_balance_cents: config.ledger.max_balance_cents,
+        currencies: crate::http::Currencies::new(&config.ledger.extra_currencies),
         bootstrap: kafka.bootstrap.clone(),
         kafka: config.kafka.clone(),
         dlt: dlt_scope,

@@ -122,6 +122,7 @@ const KEYS: &[(&str, &str)] = &[
     ("ledger.linger_ms", "How long a partial batch waits for more transfers while another batch runs."),
     ("ledger.max_balance_cents", "Ceiling of every balance and amount, in cents."),
     ("ledger.check_interval_secs", "How often the daemon checks the ledger invariants; 0: never."),
+    ("ledger.extra_currencies", "Currency codes accepted besides ISO 4217's active ones, e.g. [\"PTS\"]; others get 422."),
     ("*.retry", "Blocking exponential retry of this stage."),
     ("*.retry.max_retries", "Attempts after the first."),
     ("*.retry.initial_ms", "First backoff."),

@@ -29,6 +29,9 @@ pub struct LedgerConfig {
     /// every account and posting in one snapshot: on a large ledger, space it out.
     #[serde(rename = "check_interval_secs", with = "super::duration::secs")]
     pub check_interval: Duration,
+    /// Currency codes the intake accepts besides ISO 4217's active list (three capital
+    /// letters each, e.g. a loyalty point); it refuses any other code with 422.
+    pub extra_currencies: Vec<String>,
     pub retry: RetryConfig,
 }
 
@@ -41,6 +44,7 @@ impl Default for LedgerConfig {
             linger: Duration::from_millis(2),
             max_balance_cents: 1_000_000_000_000_000,
             check_interval: Duration::from_secs(300),
+            extra_currencies: Vec::new(),
             retry: RetryConfig::default(),
         }
     }
@@ -57,6 +61,9 @@ impl LedgerConfig {
         }
         if !(1..=MAX_BALANCE_CEILING).contains(&self.max_balance_cents) {
             return invalid("ledger.max_balance_cents", "must be between 1 and 1000000000000000000 (10^18)");
+        }
+        if let Some(bad) = self.extra_currencies.iter().find(|c| tally_schema::Currency::parse("c", c).is_err()) {
+            return invalid("ledger.extra_currencies", format!("{bad:?} is not a code of three capital letters"));
         }
         self.retry.validate("ledger.retry")
     }

@@ -5,13 +5,13 @@ use actix_web::http::header;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use tally_schema::models::{Account, Posting};
-use tally_schema::{AccountId, Currency};
+use tally_schema::AccountId;
 use uuid::Uuid;
 
 use super::auth::Caller;
 use super::error::{ApiError, ErrorBody};
 use super::AppState;
-use tally_actors::authority::{AccountRef, Scope, ISSUANCE_PREFIX};
+use tally_actors::authority::{AccountRef, Scope};
 use tally_actors::store::{accounts, issuance};
 
 /// An account to open; `initialBalanceCents` is at most `ledger.max_balance_cents`, and
@@ -19,9 +19,10 @@ use tally_actors::store::{accounts, issuance};
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateAccountBody {
-    /// 1 to 32 characters, no whitespace or control characters, not starting with
-    /// `issuance:` (the issuance accounts' names).
-    #[schema(pattern = r"^[^\s\x00-\x1f\x7f-\x9f]{1,32}$", example = "acc-alice")]
+    /// 1 to 32 characters, each an ASCII letter, a digit or one of `. _ : @ + -`, not
+    /// starting with `issuance:` in any letter case (the issuance accounts' names). Unique
+    /// regardless of letter case: `ACC-1` cannot be opened beside `acc-1`.
+    #[schema(pattern = r"^[A-Za-z0-9._:@+-]{1,32}$", example = "acc-alice")]
     id: String,
     #[schema(pattern = r"^[A-Z]{3}$", example = "BRL")]
     currency: String,
@@ -66,13 +67,8 @@ pub async fn create_account(
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::AccountsOpen)?;
     let body = body.into_inner();
-    let id = AccountId::parse("id", &body.id)?;
-    if id.as_str().starts_with(ISSUANCE_PREFIX) {
-        return Err(ApiError::Validation(format!(
-            "id must not start with {ISSUANCE_PREFIX:?}: that prefix names the issuance accounts"
-        )));
-    }
-    let currency = Currency::parse("currency", &body.currency)?;
+    let id = AccountId::parse_new("id", &body.id)?;
+    let currency = state.currencies.parse("currency", &body.currency)?;
     let max = state.max_balance_cents;
     let balance =
         body.initial_balance_cents.as_i64().filter(|b| (0..=max).contains(b)).ok_or_else(|| {
@@ -89,13 +85,27 @@ pub async fn create_account(
         balance_cents: balance,
         owner: caller.name.clone(),
     };
-    match issuance::open_account(&mut conn, &opening).await? {
+    let account = match issuance::open_account(&mut conn, &opening).await {
+        // Another request opened an id that differs only in letter case meanwhile.
+        Err(e) if issuance::is_folded_id_conflict(&e) => return Err(account_exists(&id)),
+        other => other?,
+    };
+    match account {
         Some(account) if balance > 0 => {
             super::issuances::audit_issue(&caller, &req, &account.id, balance, &account.currency);
             Ok(opened(account))
         }
         Some(account) => Ok(opened(account)),
-        None => Err(ApiError::Conflict { code: "account_exists", message: format!("Account {id} already exists") }),
+        None => Err(account_exists(&id)),
+    }
+}
+
+/// 409 for an id that is taken, exactly or but for letter case, by any client: the answer
+/// says that much and nothing of the account (README, Security).
+fn account_exists(id: &AccountId) -> ApiError {
+    ApiError::Conflict {
+        code: "account_exists",
+        message: format!("Account {id} already exists (account ids are unique regardless of letter case)"),
     }
 }
 

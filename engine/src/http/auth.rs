@@ -50,12 +50,22 @@ impl FromRequest for Admin {
     }
 }
 
+/// The request's one `Authorization` header, if any. Two or more are refused (400): which
+/// one a proxy or another server would take is anybody's guess, and a credential must not
+/// depend on it.
+fn authorization(req: &HttpRequest) -> Result<Option<&actix_web::http::header::HeaderValue>, ApiError> {
+    let mut all = req.headers().get_all(actix_web::http::header::AUTHORIZATION);
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(ApiError::BadRequest("The request has more than one Authorization header".into()));
+    }
+    Ok(first)
+}
+
 fn check(req: &HttpRequest) -> Result<Admin, ApiError> {
     let state = state(req)?;
     let configured = state.admin_token.expose().as_bytes();
-    let presented = req
-        .headers()
-        .get(actix_web::http::header::AUTHORIZATION)
+    let presented = authorization(req)?
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or(ApiError::Unauthorized)?;
@@ -172,6 +182,7 @@ impl FromRequest for Caller {
 
 fn identify(req: &HttpRequest) -> Result<Caller, ApiError> {
     let state = state(req)?;
+    let token = authorization(req)?;
     let clients = &state.clients;
     let anonymous = Caller(Principal::anonymous(clients.anonymous));
     // No clients configured: the intake does not authenticate at all.
@@ -179,7 +190,6 @@ fn identify(req: &HttpRequest) -> Result<Caller, ApiError> {
         return Ok(anonymous);
     }
     let addr = client_addr(req);
-    let token = req.headers().get(actix_web::http::header::AUTHORIZATION);
     let certificate = req.conn_data::<super::tls::PeerNames>();
     if token.is_some() || certificate.is_some() {
         wait_out(&state.intake_guard, addr, &state.metrics)?;

@@ -57,6 +57,8 @@ pub struct AppState {
     pub admin_guard: auth_guard::AuthGuard,
     /// The ceiling of balances and amounts (`ledger.max_balance_cents`).
     pub max_balance_cents: i64,
+    /// The currencies the intake accepts.
+    pub currencies: Currencies,
     /// Kafka bootstrap servers and settings, for admin operations (DLT browsing, replay).
     pub bootstrap: String,
     pub kafka: crate::config::KafkaConfig,
@@ -261,4 +263,32 @@ pub fn incoming_traceparent(req: &HttpRequest) -> Option<&str> {
         .get(tally_schema::headers::TRACEPARENT)
         .and_then(|v| v.to_str().ok())
         .filter(|v| is_valid_traceparent(v))
+}
+
+/// The currencies the intake accepts: ISO 4217's active codes and `ledger.extra_currencies`.
+#[derive(Debug, Clone, Default)]
+pub struct Currencies {
+    extra: std::sync::Arc<[String]>,
+}
+
+impl Currencies {
+    #[must_use]
+    pub fn new(extra: &[String]) -> Self {
+        Self { extra: extra.into() }
+    }
+
+    /// `value` as a currency the intake accepts; `field` names it in the error.
+    ///
+    /// # Errors
+    /// 422 for a code that is malformed, or neither active in ISO 4217 nor configured.
+    pub fn parse(&self, field: &'static str, value: &str) -> Result<tally_schema::Currency, error::ApiError> {
+        let currency = tally_schema::Currency::parse(field, value)?;
+        if currency.is_iso_4217_active() || self.extra.iter().any(|c| c == currency.as_str()) {
+            Ok(currency)
+        } else {
+            Err(error::ApiError::Validation(format!(
+                "{field} {currency} is no currency: not an active ISO 4217 code, nor one of ledger.extra_currencies"
+            )))
+        }
+    }
 }

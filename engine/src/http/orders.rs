@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 use tally_actors::orders::{CUSTOMER_ID_MAX, EXTERNAL_REFERENCE_MAX};
 use tally_schema::models::Order;
 use tally_schema::values::{check_json_text, parse_amount, parse_text};
-use tally_schema::Currency;
 use uuid::Uuid;
 
 use super::auth::Caller;
@@ -48,11 +47,11 @@ pub struct CreateOrderBody {
 }
 
 impl CreateOrderBody {
-    fn validate(self, client: String) -> Result<OrderRequest, ApiError> {
+    fn validate(self, client: String, currencies: &super::Currencies) -> Result<OrderRequest, ApiError> {
         let external_reference = parse_text("externalReference", &self.external_reference, EXTERNAL_REFERENCE_MAX)?;
         let customer_id = parse_text("customerId", &self.customer_id, CUSTOMER_ID_MAX)?;
         let amount_cents = parse_amount("amountCents", &self.amount_cents)?;
-        let currency = Currency::parse("currency", &self.currency)?;
+        let currency = currencies.parse("currency", &self.currency)?;
         let lines = match self.lines {
             None | Some(serde_json::Value::Null) => None,
             Some(lines @ serde_json::Value::Array(_)) => {
@@ -122,7 +121,7 @@ pub async fn create_order(
     body: web::Json<CreateOrderBody>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::OrdersCreate)?;
-    let mut request = body.into_inner().validate(caller.name.clone())?;
+    let mut request = body.into_inner().validate(caller.name.clone(), &state.currencies)?;
     request.adopts_anonymous = caller.adopts_anonymous;
     let traceparent = super::traceparent(&req);
     let mut conn = state.pool.get().await?;
@@ -165,7 +164,7 @@ mod tests {
 
     fn body(json: serde_json::Value) -> Result<OrderRequest, String> {
         let body: CreateOrderBody = serde_json::from_value(json).map_err(|e| e.to_string())?;
-        body.validate(String::new()).map_err(|e| e.to_string())
+        body.validate(String::new(), &super::super::Currencies::default()).map_err(|e| e.to_string())
     }
 
     #[test]

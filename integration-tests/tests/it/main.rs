@@ -21,6 +21,7 @@ mod https;
 mod intake;
 mod kafka_tls;
 mod ledger;
+mod lookalikes;
 mod money_path;
 mod noida;
 mod notifications;
