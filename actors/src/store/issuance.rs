@@ -173,9 +173,13 @@ async fn issue_credits(
         .bind::<Array<Timestamptz>, _>(vec![at; credits.len()])
         .execute(conn)
         .await?;
+    // During a rolling upgrade tally_issue audits every issuance on tally's connections
+    // as the older release's; this release's own take the row over.
     diesel::sql_query(
         "INSERT INTO issuance_audit (transfer_id, client, authority, recorded_at) \
-         SELECT t, $2, 'api', $3 FROM unnest($1::uuid[]) AS u(t)",
+         SELECT t, $2, 'api', $3 FROM unnest($1::uuid[]) AS u(t) \
+         ON CONFLICT (transfer_id) DO UPDATE \
+         SET client = EXCLUDED.client, authority = EXCLUDED.authority, recorded_at = EXCLUDED.recorded_at",
     )
     .bind::<Array<SqlUuid>, _>(&ids)
     .bind::<Text, _>(client)
@@ -209,12 +213,13 @@ pub async fn open_account(
 ) -> Result<Option<tally_schema::models::Account>, diesel::result::Error> {
     conn.transaction(|conn| {
         async move {
-            let folded: Option<i32> = diesel::sql_query("SELECT 1 AS one FROM accounts WHERE lower(id) = lower($1)")
-                .bind::<Text, _>(&opening.id)
-                .get_result::<One>(conn)
-                .await
-                .optional()?
-                .map(|r| r.one);
+            let folded: Option<i32> =
+                diesel::sql_query("SELECT 1 AS one FROM accounts WHERE kind = 'customer' AND lower(id) = lower($1)")
+                    .bind::<Text, _>(&opening.id)
+                    .get_result::<One>(conn)
+                    .await
+                    .optional()?
+                    .map(|r| r.one);
             if folded.is_some() {
                 return Ok(None);
             }

@@ -11,7 +11,7 @@ use tally_actors::outbox::CommitBell;
 use tally_actors::trace;
 use tally_schema::models::Transfer;
 use tally_schema::values::parse_amount;
-use tally_schema::AccountId;
+use tally_schema::{AccountId, Currency};
 use tracing::field::{display, Empty};
 use tracing::Instrument;
 use uuid::Uuid;
@@ -42,14 +42,17 @@ pub struct CreateTransferBody {
 }
 
 impl CreateTransferBody {
-    fn validate(self, max_cents: i64, currencies: &super::Currencies) -> Result<TransferRequest, ApiError> {
+    fn validate(self, max_cents: i64) -> Result<TransferRequest, ApiError> {
         let source = AccountId::parse("sourceAccount", &self.source_account)?;
         let destination = AccountId::parse("destinationAccount", &self.destination_account)?;
         let amount_cents = parse_amount("amountCents", &self.amount_cents)?;
         if amount_cents > max_cents {
             return Err(ApiError::Validation(format!("amountCents must be at most {max_cents}")));
         }
-        let currency = currencies.parse("currency", &self.currency)?;
+        // Any well-formed code: an account holds a currency it was opened in (checked then),
+        // and a transfer in another is rejected CURRENCY_MISMATCH; accounts in a currency
+        // ISO 4217 has since withdrawn keep moving money.
+        let currency = Currency::parse("currency", &self.currency)?;
         if source == destination {
             return Err(ApiError::Validation("sourceAccount and destinationAccount must differ".into()));
         }
@@ -174,7 +177,7 @@ async fn accept_transfer(
 ) -> Result<(&'static str, Uuid, HttpResponse), ApiError> {
     caller.require(Scope::TransfersCreate)?;
     let key = idempotency_key(&req)?;
-    let request = body.into_inner().validate(state.max_balance_cents, &state.currencies)?;
+    let request = body.into_inner().validate(state.max_balance_cents)?;
     let created = state
         .intake
         .submit(Intake {

@@ -57,7 +57,7 @@ pub struct AppState {
     pub admin_guard: auth_guard::AuthGuard,
     /// The ceiling of balances and amounts (`ledger.max_balance_cents`).
     pub max_balance_cents: i64,
-    /// The currencies the intake accepts.
+    /// The currencies of new accounts and orders.
     pub currencies: Currencies,
     /// Kafka bootstrap servers and settings, for admin operations (DLT browsing, replay).
     pub bootstrap: String,
@@ -265,7 +265,9 @@ pub fn incoming_traceparent(req: &HttpRequest) -> Option<&str> {
         .filter(|v| is_valid_traceparent(v))
 }
 
-/// The currencies the intake accepts: ISO 4217's active codes and `ledger.extra_currencies`.
+/// The currencies of new accounts and orders: ISO 4217's active codes and
+/// `ledger.extra_currencies`. (Transfers and issuances take any well-formed code: they move
+/// money in the currency of accounts that exist, checked when each opened.)
 #[derive(Debug, Clone, Default)]
 pub struct Currencies {
     extra: std::sync::Arc<[String]>,

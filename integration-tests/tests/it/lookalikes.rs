@@ -24,6 +24,21 @@ async fn look_alike_account_ids_are_refused() {
     assert_eq!(open(&app, "acc-alice", "BRL").await.status(), StatusCode::CREATED);
     let taken = open(&app, "ACC-Alice", "BRL").await;
     assert_error(taken, StatusCode::CONFLICT, "account_exists", "the same id but for letter case").await;
+    // The database itself refuses the twin, whoever inserts it (two opens racing).
+    let twin = env
+        .db
+        .client()
+        .execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ('ACC-ALICE', 0, 'BRL')", &[])
+        .await
+        .expect_err("the index refuses a case twin");
+    assert!(twin.as_db_error().is_some_and(|e| e.constraint() == Some("accounts_id_folded")), "{twin}");
+    let named = env
+        .db
+        .client()
+        .execute("INSERT INTO accounts (id, balance_cents, currency) VALUES ('Issuance:EUR', 0, 'EUR')", &[])
+        .await
+        .expect_err("an issuance account's name in another case");
+    assert!(named.as_db_error().is_some_and(|e| e.constraint() == Some("accounts_issuance_name")), "{named}");
     for (look_alike, what) in [
         ("acc\u{200b}-alice", "a zero-width space"),
         ("acc-alice\u{200f}", "a right-to-left mark"),
@@ -40,15 +55,13 @@ async fn look_alike_account_ids_are_refused() {
 }
 
 /// A currency is a code ISO 4217 lists as active, or one the operator configured: `ZZZ`
-/// opens no account and moves nothing, unless `ledger.extra_currencies` names it.
+/// opens no account (so no issuance account either) and takes no order, unless
+/// `ledger.extra_currencies` names it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codes_that_are_no_currency_are_refused_unless_configured() {
     let (_env, app) = spawn_app(|_| {}).await;
     let res = open(&app, "zzz-1", "ZZZ").await;
     assert_error(res, StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "ZZZ for an account").await;
-    let transfer = json!({ "sourceAccount": "a", "destinationAccount": "b", "amountCents": 1, "currency": "ZZZ" });
-    let res = app.post_json("/transfers", &transfer).await;
-    assert_error(res, StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "ZZZ for a transfer").await;
     let order = json!({ "externalReference": "o-1", "customerId": "c-1", "amountCents": 1, "currency": "ZZZ" });
     let res = app.post_json("/orders", &order).await;
     assert_error(res, StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "ZZZ for an order").await;

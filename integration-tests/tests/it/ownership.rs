@@ -295,6 +295,16 @@ async fn the_ledger_check_fails_on_money_from_nowhere() {
         .await;
     let check = ledger_check(&app).await;
     assert_eq!(failing(&check), ["issuances_authorized"], "{check}");
+    // An audit row written by hand must at least name the issuance's own client.
+    env.db
+        .execute(
+            "INSERT INTO issuance_audit (transfer_id, client, authority) \
+             SELECT id, 'issuer', 'api' FROM transfers WHERE kind = 'issuance' AND destination_account = 'NW-B'",
+            &[],
+        )
+        .await;
+    let check = ledger_check(&app).await;
+    assert_eq!(failing(&check), ["issuances_authorized"], "another client's authority: {check}");
 }
 
 /// An account inserted with a balance by anyone but tally would mint money: refused, and

@@ -146,6 +146,18 @@ async fn opening_balances_become_issuance_and_an_older_release_keeps_working() {
     let audited = "SELECT count(*) FROM issuance_audit a JOIN transfers t ON t.id = a.transfer_id \
                    WHERE t.destination_account = 'OLD' AND a.authority = 'older-release'";
     assert_eq!(scalar(&client, audited).await, 1, "audited as the older release's");
+    // Its POST /issuances, as it made a top-up: the balance credited, then tally_issue.
+    older_release
+        .batch_execute(
+            "BEGIN; UPDATE accounts SET balance_cents = balance_cents + 50 WHERE id = 'OLD'; \
+             SELECT tally_issue(ARRAY[gen_random_uuid()], ARRAY['OLD']::varchar[], ARRAY['BRL'], ARRAY[50::bigint], \
+                                ARRAY['shop']::varchar[], ARRAY[now()]); COMMIT;",
+        )
+        .await
+        .expect("the older release's top-up");
+    let after = check(&url).await;
+    assert_eq!(after["ok"], true, "the older release's top-up is audited as its own: {after}");
+    assert_eq!(scalar(&client, audited).await, 2);
     // Anyone else's INSERT with a balance would mint money: refused.
     let minted = client
         .execute(
@@ -181,6 +193,16 @@ async fn opening_balances_become_issuance_and_an_older_release_keeps_working() {
     older_release.execute("DELETE FROM accounts WHERE id = 'SQL-MINT-1'", &[]).await.expect("undo the mint");
     let after = check(&url).await;
     assert_eq!(after["ok"], true, "{after}");
+    // Nor is an issuance audited as the older release's any more, on any connection.
+    older_release
+        .batch_execute(
+            "BEGIN; UPDATE accounts SET balance_cents = balance_cents + 50 WHERE id = 'OLD'; \
+             SELECT tally_issue(ARRAY[gen_random_uuid()], ARRAY['OLD']::varchar[], ARRAY['BRL'], ARRAY[50::bigint], \
+                                ARRAY['shop']::varchar[], ARRAY[now()]); COMMIT;",
+        )
+        .await
+        .expect("an issuance by hand");
+    assert_eq!(failing(&check(&url).await), ["issuances_authorized"]);
     assert_eq!(migrate::prepare_blocking(&url).expect("a start after the contract"), Vec::<String>::new());
     drop(client);
     db.execute(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"), &[]).await;
