@@ -96,10 +96,12 @@ impl Batch for SeenBatch {
                 .zip(delivered)
                 .map(|(c, delivered)| {
                     let held = recorded.get(&c.change.transfer_id).cloned().unwrap_or_default();
+                    // The system of record first: a forged outcome under the (derivable)
+                    // id of an event delivered already is poison, not a redelivery.
                     match held.confirms(c.change.status, c.change.reason.as_deref()) {
-                        _ if delivered => Seen::Delivered,
-                        Ok(()) => Seen::Due,
                         Err(reason) => Seen::Refused(reason),
+                        Ok(()) if delivered => Seen::Delivered,
+                        Ok(()) => Seen::Due,
                     }
                 })
                 .collect())

@@ -646,3 +646,44 @@ async fn first_calls(receiver: &WebhookReceiver, what: &str) -> Vec<tally_integr
     })
     .await
 }
+
+/// A forged outcome that reuses the event id of one already delivered (the id is derived
+/// from the transfer, so anyone can compute it) is poison, dead-lettered with its reason:
+/// not skipped as a redelivery of what was delivered. Whether the genuine event had been
+/// delivered before the forged one came must not change what becomes of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_outcome_under_a_delivered_events_id_is_dead_lettered() {
+    let receiver = WebhookReceiver::start(|_, _| 200).await;
+    let (env, _app) = spawn_app(notify_config(&receiver.url)).await;
+    let transfer = Uuid::new_v4();
+    env.db.record_rejected(transfer, "FG-A", "INSUFFICIENT_FUNDS").await;
+    let event_id = tally_schema::derived_event_id("rejected", transfer);
+    let genuine = json!({ "eventId": event_id, "transferId": transfer, "reason": "INSUFFICIENT_FUNDS",
+                          "rejectedAt": "2026-11-30T00:00:00Z" });
+    let upstream = env.upstream();
+    upstream.signed("transfers.rejected", None, "FG-A", genuine.to_string().as_bytes(), "TransferRejected").await;
+    first_calls(&receiver, "the genuine rejection").await;
+    let forged = json!({ "eventId": event_id, "transferId": transfer, "reason": "FORGED_REASON",
+                         "rejectedAt": "2026-11-30T00:00:00Z" });
+    let (_, offset) =
+        upstream.signed("transfers.rejected", None, "FG-A", forged.to_string().as_bytes(), "TransferRejected").await;
+    let dlt = wait_until("the forged outcome dead-lettered", Deadline::DEFAULT, || async {
+        let r = read_topic(env.bootstrap(), "transfers.rejected-dlt", Deadline::secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mine: Vec<_> = r
+            .into_iter()
+            .filter(|d| d.header("dlt-original-offset") == Some(offset.to_string().as_str()))
+            .filter(|d| d.header("dlt-consumer-group") == Some("tally-notifications"))
+            .collect();
+        if mine.is_empty() {
+            Err("not in the DLT".into())
+        } else {
+            Ok(mine)
+        }
+    })
+    .await;
+    assert_eq!(dlt.len(), 1);
+    assert_eq!(dlt[0].header("dlt-exception-kind"), Some("poison"), "{:?}", dlt[0].headers);
+    assert_eq!(receiver.calls().len(), 1, "the genuine rejection only");
+}
